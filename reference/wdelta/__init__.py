@@ -1,0 +1,72 @@
+"""wdelta: bit-exact, streaming weight deltas between neural-network checkpoints.
+
+Public API::
+
+    wdelta.diff(base, target, "step.wdelta")          # encode
+    wdelta.apply(base, "step.wdelta", "new.safetensors")  # decode, verified
+    wdelta.verify("step.wdelta", base=base)           # integrity (+ base)
+    with wdelta.open_delta("step.wdelta") as d: d.header  # inspect
+
+Every failure raises a :class:`WdeltaError` subclass with a stable
+``category`` (SPEC.md "Error categories").
+"""
+
+from ._version import __version__
+from .api import apply, diff, verify
+from .checkpoint.source import Checkpoint, from_arrays, open_checkpoint
+from .container import DeltaFile, open_delta
+from .errors import (
+    CATEGORIES,
+    BadArgumentError,
+    BadMagicError,
+    BaseMismatchError,
+    CheckpointInvalidError,
+    ChecksumMismatchError,
+    DeltaFormatError,
+    EncodingInvalidError,
+    HeaderInvalidError,
+    IndexOutOfRangeError,
+    LimitExceededError,
+    NotReversibleError,
+    StorageError,
+    TruncatedError,
+    UnsupportedFeatureError,
+    UnsupportedVersionError,
+    WdeltaError,
+)
+from .header import Chunk, Header, TensorEntry
+from .inspect import DeltaSummary, summarize
+
+__all__ = [
+    "CATEGORIES",
+    "BadArgumentError",
+    "BadMagicError",
+    "BaseMismatchError",
+    "Checkpoint",
+    "CheckpointInvalidError",
+    "ChecksumMismatchError",
+    "Chunk",
+    "DeltaFile",
+    "DeltaFormatError",
+    "DeltaSummary",
+    "EncodingInvalidError",
+    "Header",
+    "HeaderInvalidError",
+    "IndexOutOfRangeError",
+    "LimitExceededError",
+    "NotReversibleError",
+    "StorageError",
+    "TensorEntry",
+    "TruncatedError",
+    "UnsupportedFeatureError",
+    "UnsupportedVersionError",
+    "WdeltaError",
+    "__version__",
+    "apply",
+    "diff",
+    "from_arrays",
+    "open_checkpoint",
+    "open_delta",
+    "summarize",
+    "verify",
+]

@@ -1,0 +1,143 @@
+"""The typed Python API: ``diff``, ``apply``, ``verify``, ``open_delta``.
+
+Checkpoints are paths (a ``.safetensors`` file or a folder with a sharded
+checkpoint) or in-memory mappings of names to NumPy arrays (bf16/fp8 through
+ml_dtypes dtypes).  All file outputs are atomic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from . import decoder
+from .atomic import atomic_file, atomic_folder
+from .checkpoint.source import Checkpoint, from_arrays, open_checkpoint
+from .container import DeltaFile, open_delta
+from .dtypes import to_numpy
+from .encoder import DiffOptions, Progress, diff_checkpoints
+from .errors import BadArgumentError
+from .layout import SideLayout
+
+PathLike = Union[str, "os.PathLike[str]"]
+CheckpointLike = Union[PathLike, Mapping[str, "np.ndarray[Any, Any]"], Checkpoint]  # noqa: UP007
+
+
+@contextlib.contextmanager
+def _checkpoint(source: CheckpointLike) -> Iterator[Checkpoint]:
+    if isinstance(source, Checkpoint):
+        yield source
+    elif isinstance(source, Mapping):
+        yield from_arrays(source)
+    else:
+        with open_checkpoint(source) as ckpt:
+            yield ckpt
+
+
+def diff(
+    base: CheckpointLike, target: CheckpointLike, out: PathLike, *,
+    level: int = 3, threads: int = 2, chunk_elements: int | None = None,
+    reversible: bool = True, progress: Progress | None = None,
+) -> Path:  # fmt: skip
+    """Encode the delta from ``base`` to ``target`` into the file ``out``."""
+    opts = DiffOptions(level, threads, chunk_elements or DiffOptions.chunk_elements, reversible)
+    with _checkpoint(base) as b, _checkpoint(target) as t:
+        return diff_checkpoints(b, t, Path(out), opts, progress)
+
+
+def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
+    return delta.header.base if reverse else delta.header.target
+
+
+def _apply_to_files(
+    delta: DeltaFile, ckpt: Checkpoint, steps: list[decoder.Step], out: Path,
+    threads: int, progress: Progress | None, reverse: bool,
+) -> None:  # fmt: skip
+    layout = _output_layout(delta, reverse)
+    offsets = decoder.output_tensor_offsets(layout.files)
+    if layout.index is None:
+        ((path, file_layout),) = layout.files
+        with atomic_file(out) as fd:
+            decoder.init_file(fd, file_layout)
+            sink = decoder.file_sink({path: fd}, offsets)
+            decoder.run_steps(delta, ckpt, steps, sink, threads, progress)
+        return
+    with atomic_folder(out) as folder, contextlib.ExitStack() as stack:
+        fds: dict[str, int] = {}
+        for path, file_layout in layout.files:
+            fds[path] = os.open(folder / path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            stack.callback(os.close, fds[path])
+            decoder.init_file(fds[path], file_layout)
+        decoder.run_steps(delta, ckpt, steps, decoder.file_sink(fds, offsets), threads, progress)
+        (folder / layout.index[0]).write_text(layout.index[1], encoding="utf-8")
+
+
+def _apply_to_arrays(
+    delta: DeltaFile, ckpt: Checkpoint, steps: list[decoder.Step], threads: int,
+    progress: Progress | None,
+) -> dict[str, np.ndarray[Any, Any]]:  # fmt: skip
+    outputs = {
+        s.entry.name: np.empty(s.entry.elements, dtype=s.entry.dtype.word)
+        for s in steps if s.dst_digest is not None
+    }  # fmt: skip
+
+    def sink(name: str, byte_offset: int, words: Any) -> None:
+        out = outputs[name]
+        start = byte_offset // out.itemsize
+        out[start : start + len(words)] = words
+
+    decoder.run_steps(delta, ckpt, steps, sink, threads, progress)
+    shapes = {s.entry.name: s.entry for s in steps if s.dst_digest is not None}
+    return {
+        name: words.view(to_numpy(shapes[name].dtype)).reshape(shapes[name].shape)
+        for name, words in outputs.items()
+    }
+
+
+def apply(
+    base: CheckpointLike, delta: PathLike, out: PathLike | None = None, *,
+    reverse: bool = False, threads: int = 2, progress: Progress | None = None,
+) -> Path | dict[str, np.ndarray[Any, Any]]:  # fmt: skip
+    """Apply ``delta`` to ``base`` (or, with ``reverse``, undo it on the target).
+
+    With ``out`` the result is written atomically (a file, or a folder for a
+    sharded checkpoint) and its path returned; without, the tensors are
+    returned as arrays.  Every digest is verified; on any failure nothing is
+    written at ``out``.
+    """
+    if threads < 1:
+        raise BadArgumentError("threads must be >= 1")
+    with open_delta(delta) as d, _checkpoint(base) as ckpt:
+        steps = decoder.plan_steps(d.header, reverse)
+        decoder.check_input(d.header, ckpt, reverse)
+        if out is None:
+            return _apply_to_arrays(d, ckpt, steps, threads, progress)
+        _apply_to_files(d, ckpt, steps, Path(out), threads, progress, reverse)
+        return Path(out)
+
+
+def verify(
+    delta: PathLike, base: CheckpointLike | None = None, *, threads: int = 2,
+    progress: Progress | None = None,
+) -> None:  # fmt: skip
+    """Check a delta's integrity; with ``base``, also that it applies to it.
+
+    Without a base every blob is read, checksummed, decompressed and parsed.
+    With a base the full apply runs without writing, so every digest is checked.
+    """
+    with open_delta(delta) as d:
+        if base is None:
+            decoder.check_blobs(d, threads, progress)
+            return
+        with _checkpoint(base) as ckpt:
+            steps = decoder.plan_steps(d.header, False)
+            decoder.check_input(d.header, ckpt, False)
+            decoder.run_steps(d, ckpt, steps, None, threads, progress)
+
+
+__all__ = ["DeltaFile", "apply", "diff", "open_delta", "verify"]

@@ -1,0 +1,1 @@
+"""Reading checkpoints: safetensors headers, single files, sharded folders, arrays."""

@@ -1,0 +1,164 @@
+"""Strict parsing and canonical writing of safetensors headers.
+
+The rules are those of the safetensors Rust validator: an 8-byte little-endian
+header length, a JSON object of tensors with ``dtype``, ``shape`` and
+``data_offsets`` that tile the data buffer exactly, and an optional
+``__metadata__`` mapping of strings to strings.  The ``safetensors`` package
+cannot stream chunks of bf16/fp8 tensors into NumPy, so wdelta parses headers
+itself and reads data with positioned reads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..dtypes import DTYPES, UNSUPPORTED, DType
+from ..errors import CheckpointInvalidError, LimitExceededError, UnsupportedFeatureError
+
+MAX_HEADER_BYTES = 100_000_000
+MAX_ELEMENTS = 2**48
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """One tensor of a safetensors file: offsets are bytes into the data buffer."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def elements(self) -> int:
+        """Number of elements (1 for a 0-d tensor)."""
+        n = 1
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """A parsed safetensors header: ``data_start`` is the absolute data offset."""
+
+    header_text: str
+    tensors: tuple[TensorLayout, ...]
+    metadata: dict[str, str] | None
+
+    @property
+    def data_start(self) -> int:
+        return 8 + len(self.header_text.encode("utf-8"))
+
+    @property
+    def data_length(self) -> int:
+        return max((t.end for t in self.tensors), default=0)
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise CheckpointInvalidError(f"duplicate key {key!r} in safetensors header")
+        out[key] = value
+    return out
+
+
+def _parse_shape(name: str, raw: Any) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
+    ):
+        raise CheckpointInvalidError(f"tensor {name!r}: shape must be a list of integers >= 0")
+    n = 1
+    for dim in raw:
+        n *= dim
+    if n > MAX_ELEMENTS:
+        raise LimitExceededError(f"tensor {name!r}: {n} elements exceeds the limit {MAX_ELEMENTS}")
+    return tuple(raw)
+
+
+def _parse_tensor(name: str, info: Any) -> TensorLayout:
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        raise CheckpointInvalidError(
+            f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets"
+        )
+    dtype_name = info["dtype"]
+    if dtype_name in UNSUPPORTED:
+        raise UnsupportedFeatureError(f"tensor {name!r}: dtype {dtype_name} is not supported")
+    dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+    if dtype is None:
+        raise CheckpointInvalidError(f"tensor {name!r}: unknown dtype {dtype_name!r}")
+    shape = _parse_shape(name, info["shape"])
+    offsets = info["data_offsets"]
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+    ):
+        raise CheckpointInvalidError(f"tensor {name!r}: data_offsets must be [begin, end]")
+    layout = TensorLayout(name, dtype, shape, offsets[0], offsets[1])
+    if layout.end - layout.begin != layout.elements * dtype.size:
+        raise CheckpointInvalidError(
+            f"tensor {name!r}: {layout.end - layout.begin} bytes for "
+            f"{layout.elements} x {dtype.size}-byte elements"
+        )
+    return layout
+
+
+def parse_header(header_bytes: bytes) -> FileLayout:
+    """Validate a safetensors header (without its length prefix).
+
+    Offsets must tile ``[0, data_length)`` exactly, in any order.
+    """
+    try:
+        text = header_bytes.decode("utf-8")
+        raw = json.loads(text, object_pairs_hook=_reject_duplicates)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointInvalidError(f"safetensors header is not valid UTF-8 JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointInvalidError("safetensors header must be a JSON object")
+    metadata = raw.pop("__metadata__", None)
+    if metadata is not None and (
+        not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise CheckpointInvalidError("__metadata__ must map strings to strings")
+    tensors = tuple(_parse_tensor(name, info) for name, info in raw.items())
+    cursor = 0
+    for t in sorted(tensors, key=lambda t: (t.begin, t.end)):
+        if t.begin != cursor:
+            raise CheckpointInvalidError(
+                f"tensor {t.name!r}: data_offsets leave a hole or overlap at byte {cursor}"
+            )
+        cursor = t.end
+    return FileLayout(text, tensors, metadata)
+
+
+def _alignment(dtype: DType) -> int:
+    return dtype.size
+
+
+def build_header(
+    tensors: list[tuple[str, DType, tuple[int, ...]]], metadata: dict[str, str] | None
+) -> FileLayout:
+    """Lay out tensors the way the safetensors serializer does.
+
+    Tensors are ordered by decreasing dtype size, then by name, packed without
+    gaps; the JSON is compact and padded with spaces to a multiple of 8 bytes.
+    """
+    ordered = sorted(tensors, key=lambda t: (-_alignment(t[1]), t[0]))
+    doc: dict[str, Any] = {}
+    if metadata is not None:
+        doc["__metadata__"] = metadata
+    cursor = 0
+    for name, dtype, shape in ordered:
+        n = 1
+        for dim in shape:
+            n *= dim
+        doc[name] = {"dtype": dtype.name, "shape": list(shape),
+                     "data_offsets": [cursor, cursor + n * dtype.size]}  # fmt: skip
+        cursor += n * dtype.size
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    text += " " * (-len(text.encode("utf-8")) % 8)
+    return parse_header(text.encode("utf-8"))

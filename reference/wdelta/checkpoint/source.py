@@ -1,0 +1,212 @@
+"""Checkpoints as sets of tensors that can be read chunk by chunk.
+
+A checkpoint is a single ``.safetensors`` file, a folder holding a sharded
+checkpoint (``*.safetensors.index.json`` plus shards), or an in-memory mapping
+of names to NumPy arrays.  Reads are positioned (``os.preadv``) into fresh
+buffers, so memory grows with the chunk being read, never with the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import DType, from_numpy
+from ..errors import CheckpointInvalidError, StorageError, TruncatedError
+from .safetensors_header import MAX_HEADER_BYTES, FileLayout, build_header, parse_header
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+SINGLE_FILE_NAME = "model.safetensors"
+Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
+
+
+@dataclass
+class Tensor:
+    """One tensor of a checkpoint; ``read`` returns ``count`` words from ``start``."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    _fd: int | None = None
+    _offset: int = 0
+    _array: np.ndarray[Any, Any] | None = None
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for dim in self.shape:
+            n *= dim
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * self.dtype.size
+
+    def read(self, start: int, count: int) -> Words:
+        """Words ``[start, start + count)`` as a new little-endian unsigned array."""
+        if self._array is not None:
+            return np.array(self._array[start : start + count])
+        out = np.empty(count, dtype=self.dtype.word)
+        assert self._fd is not None
+        pread_into(self._fd, out.data.cast("B"), self._offset + start * self.dtype.size)
+        return out
+
+
+def pread_into(fd: int, buf: memoryview, offset: int) -> None:
+    """Fill ``buf`` from ``fd`` at ``offset``; a short file is TruncatedError."""
+    done = 0
+    while done < len(buf):
+        try:
+            got = os.preadv(fd, [buf[done:]], offset + done)
+        except OSError as exc:
+            raise StorageError(f"read failed: {exc}") from exc
+        if got == 0:
+            raise TruncatedError(f"file ends at byte {offset + done}, {len(buf) - done} short")
+        done += got
+
+
+@dataclass
+class Checkpoint:
+    """Tensors by name plus the file layout needed to rewrite the files exactly.
+
+    ``files`` maps shard file names to their parsed headers; ``index`` is the
+    ``(file name, text)`` of the sharded index, or None for a single file.
+    """
+
+    tensors: dict[str, Tensor]
+    files: dict[str, FileLayout]
+    index: tuple[str, str] | None = None
+    _fds: list[int] = field(default_factory=list)
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+    def sorted_tensors(self) -> Iterator[Tensor]:
+        for name in sorted(self.tensors, key=lambda n: n.encode("utf-8")):
+            yield self.tensors[name]
+
+
+def _open_fd(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise StorageError(f"cannot open {path}: {exc}") from exc
+
+
+def read_file_layout(fd: int, path: Path) -> FileLayout:
+    """Parse and validate the safetensors header of an open file, and its length."""
+    size = os.fstat(fd).st_size
+    if size < 8:
+        raise CheckpointInvalidError(f"{path}: too short for a safetensors file")
+    prefix = bytearray(8)
+    pread_into(fd, memoryview(prefix), 0)
+    n = int.from_bytes(prefix, "little")
+    if n > MAX_HEADER_BYTES:
+        raise CheckpointInvalidError(f"{path}: header of {n} bytes exceeds {MAX_HEADER_BYTES}")
+    if 8 + n > size:
+        raise CheckpointInvalidError(f"{path}: header length {n} runs past the end of the file")
+    header = bytearray(n)
+    pread_into(fd, memoryview(header), 8)
+    try:
+        layout = parse_header(bytes(header))
+    except CheckpointInvalidError as exc:
+        raise CheckpointInvalidError(f"{path}: {exc}") from exc
+    if layout.data_start + layout.data_length != size:
+        described = layout.data_start + layout.data_length
+        raise CheckpointInvalidError(f"{path}: file is {size} bytes, header describes {described}")
+    return layout
+
+
+def _add_file(ckpt: Checkpoint, path: Path, name: str) -> FileLayout:
+    fd = _open_fd(path)
+    ckpt._fds.append(fd)
+    layout = read_file_layout(fd, path)
+    ckpt.files[name] = layout
+    for t in layout.tensors:
+        if t.name in ckpt.tensors:
+            raise CheckpointInvalidError(f"tensor {t.name!r} appears in more than one shard")
+        ckpt.tensors[t.name] = Tensor(t.name, t.dtype, t.shape, fd, layout.data_start + t.begin)
+    return layout
+
+
+def _find_index(folder: Path) -> Path | None:
+    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise CheckpointInvalidError(f"{folder}: more than one *.safetensors.index.json")
+    return indexes[0] if indexes else None
+
+
+def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
+    try:
+        text = index_path.read_text(encoding="utf-8")
+        index = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointInvalidError(f"{index_path}: unreadable index: {exc}") from exc
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(v, str) and SAFE_NAME.match(v) for v in weight_map.values()
+    ):
+        raise CheckpointInvalidError(f"{index_path}: weight_map must map names to shard files")
+    ckpt.index = (index_path.name, text)
+    for shard in sorted(set(weight_map.values())):
+        _add_file(ckpt, folder / shard, shard)
+    for name, tensor_file in weight_map.items():
+        if name not in ckpt.tensors:
+            raise CheckpointInvalidError(f"index maps {name!r} to {tensor_file}, which lacks it")
+    listed = {t.name: f for f, lay in ckpt.files.items() for t in lay.tensors}
+    if listed != weight_map:
+        raise CheckpointInvalidError(f"{index_path}: weight_map disagrees with the shards")
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Open a ``.safetensors`` file or a folder holding a (sharded) checkpoint."""
+    p = Path(path)
+    ckpt = Checkpoint({}, {})
+    try:
+        if p.is_dir():
+            index_path = _find_index(p)
+            if index_path is not None:
+                _open_sharded(p, index_path, ckpt)
+            else:
+                files = sorted(p.glob("*.safetensors"))
+                if len(files) != 1:
+                    raise CheckpointInvalidError(
+                        f"{p}: a folder needs an index file or exactly one .safetensors file"
+                    )
+                _add_file(ckpt, files[0], files[0].name)
+        elif p.exists():
+            _add_file(ckpt, p, SINGLE_FILE_NAME if not SAFE_NAME.match(p.name) else p.name)
+        else:
+            raise StorageError(f"{p}: no such file or folder")
+    except BaseException:
+        ckpt.close()
+        raise
+    return ckpt
+
+
+def from_arrays(
+    arrays: Mapping[str, np.ndarray[Any, Any]], metadata: dict[str, str] | None = None
+) -> Checkpoint:
+    """An in-memory checkpoint; bf16/fp8 arrays may use ml_dtypes dtypes."""
+    tensors: dict[str, Tensor] = {}
+    for name, array in arrays.items():
+        dtype = from_numpy(array.dtype)
+        flat = np.ascontiguousarray(array).reshape(-1).view(dtype.word)
+        tensors[name] = Tensor(name, dtype, tuple(array.shape), _array=flat)
+    layout = build_header([(t.name, t.dtype, t.shape) for t in tensors.values()], metadata)
+    return Checkpoint(tensors, {SINGLE_FILE_NAME: layout})

@@ -1,0 +1,177 @@
+"""The ``wdelta`` command line: diff, apply, inspect, verify.
+
+Every failure ends with one line on stderr, ``error: CATEGORY: message``, and
+a non-zero exit status (2 for bad arguments, 1 otherwise); no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
+
+from . import api
+from ._version import __version__
+from .checkpoint.source import open_checkpoint
+from .container import open_delta
+from .errors import BadArgumentError, StorageError, WdeltaError
+from .inspect import DeltaSummary, summarize
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise BadArgumentError(message)
+
+
+@contextlib.contextmanager
+def _progress(args: argparse.Namespace, total: int, label: str) -> Iterator[Callable[[int], None]]:
+    """A byte-counting progress bar on stderr, silent if --quiet or not a TTY."""
+    if args.quiet or not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="B", unit_scale=True, desc=label, file=sys.stderr) as bar:
+        yield bar.update
+
+
+def _checkpoint_bytes(path: str) -> int:
+    with open_checkpoint(path) as ckpt:
+        return sum(t.nbytes for t in ckpt.tensors.values())
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    total = _checkpoint_bytes(args.base) + _checkpoint_bytes(args.target)
+    with _progress(args, total, "diff") as progress:
+        api.diff(
+            args.base, args.target, args.output, level=args.level, threads=args.threads,
+            chunk_elements=args.chunk_elements, reversible=not args.no_reverse,
+            progress=progress,
+        )  # fmt: skip
+    if not args.quiet:
+        with open_delta(args.output) as d:
+            s = summarize(d)
+        print(f"wrote {args.output}: {s.file_bytes} bytes, {s.ratio:.4%} of the target")
+    return 0
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    with open_delta(args.delta) as d:
+        total = sum(t.nbytes for t in d.header.tensors)
+    with _progress(args, total, "apply") as progress:
+        api.apply(
+            args.base, args.delta, args.output, reverse=args.reverse, threads=args.threads,
+            progress=progress,
+        )  # fmt: skip
+    return 0
+
+
+def _format_summary(s: DeltaSummary) -> str:
+    lines = [
+        f"wdelta v{s.version}  generator {s.generator}  chunk {s.chunk_elements} elements",
+        f"base   {s.base_digest}",
+        f"target {s.target_digest}",
+        f"reversible {s.reversible}   ops {json.dumps(s.ops)}",
+        f"file {s.file_bytes} bytes for a {s.target_bytes}-byte target: ratio {s.ratio:.4%}",
+        "",
+        f"{'tensor':40} {'op':9} {'dtype':8} {'density':>9} {'raw':>12} {'stored':>11} "
+        "encodings / transforms",
+    ]
+    for t in s.tensors:
+        enc = ",".join(f"{k}:{v}" for k, v in t.encodings.items())
+        tr = ",".join(f"{k}:{v}" for k, v in t.transforms.items())
+        lines.append(
+            f"{t.name[:40]:40} {t.op:9} {t.dtype:8} {t.density:9.4%} {t.raw_bytes:12} "
+            f"{t.stored_bytes:11} {enc} {tr}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    with open_delta(args.delta) as d:
+        s = summarize(d)
+    print(json.dumps(s.to_json(), indent=2) if args.json else _format_summary(s))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    with open_delta(args.delta) as d:
+        total = d.data_length
+        if args.base is not None:
+            total = sum(t.nbytes for t in d.header.tensors)
+    with _progress(args, total, "verify") as progress:
+        api.verify(args.delta, args.base, threads=args.threads, progress=progress)
+    if not args.quiet:
+        print(f"ok: {args.delta}" + (f" applies to {args.base}" if args.base else ""))
+    return 0
+
+
+def _add_common(p: argparse.ArgumentParser, threads: bool = True) -> None:
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    if threads:
+        p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
+                       help="worker threads (default: 2)")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``wdelta`` command."""
+    parser = _Parser(prog="wdelta", description="Bit-exact weight deltas between checkpoints.")
+    parser.add_argument("--version", action="version", version=f"wdelta {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("diff", help="encode the delta BASE -> TARGET")
+    p.add_argument("base")
+    p.add_argument("target")
+    p.add_argument("-o", "--output", required=True, help="the .wdelta file to write")
+    p.add_argument("--level", type=int, default=3, help="zstd level (default 3)")
+    p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
+    p.add_argument("--no-reverse", action="store_true",
+                   help="allow full chunks and drop removed tensors (not reversible)")  # fmt: skip
+    _add_common(p)
+    p.set_defaults(func=_cmd_diff)
+    p = sub.add_parser("apply", help="rebuild the target from BASE and DELTA")
+    p.add_argument("base")
+    p.add_argument("delta")
+    p.add_argument("-o", "--output", required=True, help="output file (folder if sharded)")
+    p.add_argument("--reverse", action="store_true", help="BASE is the target; rebuild the base")
+    _add_common(p)
+    p.set_defaults(func=_cmd_apply)
+    p = sub.add_parser("inspect", help="summarise a delta")
+    p.add_argument("delta")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_inspect, quiet=True)
+    p = sub.add_parser("verify", help="check integrity (and that it applies to --base)")
+    p.add_argument("delta")
+    p.add_argument("--base", default=None)
+    _add_common(p)
+    p.set_defaults(func=_cmd_verify)
+    return parser
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status instead of exiting."""
+    try:
+        args = build_parser().parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+    except WdeltaError as exc:
+        return _fail(exc)
+    except OSError as exc:
+        return _fail(StorageError(str(exc)))
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def _fail(exc: WdeltaError) -> int:
+    message = " ".join(str(exc).split())
+    print(f"error: {exc.category}: {message}", file=sys.stderr)
+    return 2 if isinstance(exc, BadArgumentError) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> Any:
+    """Console-script entry point."""
+    sys.exit(run(argv))

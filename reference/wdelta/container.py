@@ -1,0 +1,122 @@
+"""The delta file container: 64-byte prefix, header, data section.
+
+Prefix (SPEC.md section 3): magic ``89 57 44 45 4C 54 41 0A``, u32 version,
+u32 reserved (0), u64 header length N (multiple of 8), 32-byte BLAKE3 of the
+header, u64 data length D.  The file is exactly 64 + N + D bytes long.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+
+from .checkpoint.source import pread_into
+from .encodings import codec
+from .errors import (
+    BadMagicError,
+    ChecksumMismatchError,
+    HeaderInvalidError,
+    LimitExceededError,
+    StorageError,
+    TruncatedError,
+    UnsupportedVersionError,
+)
+from .header import FORMAT_VERSION, Chunk, Header, parse_header
+
+MAGIC = b"\x89WDELTA\n"
+PREFIX = struct.Struct("<8sII Q32sQ".replace(" ", ""))
+PREFIX_SIZE = 64
+MAX_HEADER_BYTES = 100_000_000
+
+
+def pack_prefix(header: bytes, data_length: int) -> bytes:
+    """The 64-byte prefix for padded header bytes and a data section length."""
+    digest = blake3.blake3(header).digest()
+    return PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(header), digest, data_length)
+
+
+def parse_prefix(prefix: bytes, file_size: int) -> tuple[int, bytes, int]:
+    """(N, header digest, D) from the first bytes of a file of ``file_size``."""
+    if prefix[:8] != MAGIC[: len(prefix[:8])]:
+        raise BadMagicError("not a wdelta file (bad magic bytes)")
+    if len(prefix) < PREFIX_SIZE:
+        raise TruncatedError(f"file is {len(prefix)} bytes, shorter than the 64-byte prefix")
+    _magic, version, reserved, n, digest, d = PREFIX.unpack(prefix[:PREFIX_SIZE])
+    if version != FORMAT_VERSION:
+        raise UnsupportedVersionError(f"format version {version}; this reader implements 1")
+    if reserved != 0:
+        raise HeaderInvalidError("reserved prefix field is not zero")
+    if n > MAX_HEADER_BYTES:
+        raise LimitExceededError(f"header of {n} bytes exceeds the limit {MAX_HEADER_BYTES}")
+    if n < 2 or n % 8:
+        raise HeaderInvalidError(f"header length {n} is not a positive multiple of 8")
+    expected = PREFIX_SIZE + n + d
+    if file_size < expected:
+        raise TruncatedError(f"file is {file_size} bytes, prefix describes {expected}")
+    if file_size > expected:
+        raise HeaderInvalidError(f"file has {file_size - expected} bytes past its data section")
+    return n, digest, d
+
+
+@dataclass
+class DeltaFile:
+    """An open, validated delta file; blobs are read by positioned reads."""
+
+    path: Path
+    header: Header
+    header_length: int
+    data_length: int
+    _fd: int
+
+    @property
+    def data_start(self) -> int:
+        return PREFIX_SIZE + self.header_length
+
+    def __enter__(self) -> DeltaFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def read_blob(self, chunk: Chunk) -> bytes:
+        """The stored bytes of a chunk's blob, checksum verified."""
+        buf = bytearray(chunk.length)
+        pread_into(self._fd, memoryview(buf), self.data_start + chunk.offset)
+        if blake3.blake3(buf).hexdigest() != chunk.checksum:
+            raise ChecksumMismatchError(f"blob at data offset {chunk.offset}: checksum mismatch")
+        return bytes(buf)
+
+    def payload(self, chunk: Chunk) -> bytes:
+        """The decompressed payload of a chunk's blob (checksum and size checked)."""
+        return codec.decompress(chunk.codec, self.read_blob(chunk), chunk.raw_length)
+
+
+def open_delta(path: str | os.PathLike[str]) -> DeltaFile:
+    """Open a delta file and validate its prefix and header (not its blobs)."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError as exc:
+        raise StorageError(f"cannot open {p}: {exc}") from exc
+    try:
+        size = os.fstat(fd).st_size
+        prefix = os.pread(fd, PREFIX_SIZE, 0)
+        n, digest, d = parse_prefix(prefix, size)
+        header_bytes = bytearray(n)
+        pread_into(fd, memoryview(header_bytes), PREFIX_SIZE)
+        if blake3.blake3(header_bytes).digest() != digest:
+            raise ChecksumMismatchError("header digest mismatch: the header is corrupt")
+        header = parse_header(bytes(header_bytes), d)
+    except BaseException:
+        os.close(fd)
+        raise
+    return DeltaFile(p, header, n, d, fd)

@@ -1,0 +1,59 @@
+"""BLAKE3 digests of tensors, checkpoints, headers and blobs.
+
+One algorithm serves every role (SPEC.md "Integrity"): BLAKE3-256 hashes
+3 GB/s on one core here and about 5 GB/s on two, 2-3x SHA-256, so verifying
+every byte of base and target does not dominate apply time.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import blake3
+
+CHECKPOINT_DOMAIN = b"wdelta-checkpoint-v1\n"
+DIGEST_HEX_LEN = 64
+# Inputs this large are hashed with BLAKE3's own threads; smaller ones are not
+# worth the thread start-up.
+_THREADED_MIN_BYTES = 1 << 22
+
+
+def new_hasher() -> blake3.blake3:
+    """A BLAKE3 hasher that uses several threads for large updates."""
+    return blake3.blake3(max_threads=blake3.blake3.AUTO)
+
+
+def digest_bytes(data: bytes | bytearray | memoryview) -> str:
+    """BLAKE3-256 of ``data`` as 64 lowercase hex characters."""
+    threads = blake3.blake3.AUTO if len(data) >= _THREADED_MIN_BYTES else 1
+    return str(blake3.blake3(data, max_threads=threads).hexdigest())
+
+
+@dataclass(frozen=True)
+class TensorIdentity:
+    """What the checkpoint digest covers for one tensor."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    digest: str
+
+
+def checkpoint_digest(tensors: Iterable[TensorIdentity]) -> str:
+    """Digest of a checkpoint, independent of files, shards and tensor order.
+
+    BLAKE3 over the domain string then, for each tensor sorted by UTF-8 name:
+    u32 name length, name, u8 dtype length, dtype, u32 ndim, u64 per dim,
+    32-byte tensor digest (all little-endian).
+    """
+    h = blake3.blake3(CHECKPOINT_DOMAIN)
+    for t in sorted(tensors, key=lambda t: t.name.encode("utf-8")):
+        name = t.name.encode("utf-8")
+        dtype = t.dtype.encode("ascii")
+        h.update(struct.pack("<I", len(name)) + name)
+        h.update(struct.pack("<B", len(dtype)) + dtype)
+        h.update(struct.pack(f"<I{len(t.shape)}Q", len(t.shape), *t.shape))
+        h.update(bytes.fromhex(t.digest))
+    return str(h.hexdigest())

@@ -1,0 +1,255 @@
+"""``diff``: encode the delta between two checkpoints into a .wdelta file.
+
+Both checkpoints are streamed chunk by chunk on a thread pool; blobs go to a
+scratch file beside the output while the header is assembled, then the final
+file (prefix, header, data) is written under a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from ._version import __version__
+from .atomic import TMP_PREFIX, atomic_file
+from .checkpoint.source import Checkpoint, Tensor, Words
+from .container import pack_prefix
+from .digest import TensorIdentity, checkpoint_digest, new_hasher
+from .encodings import chunk as chunk_codec
+from .errors import BadArgumentError
+from .header import FORMAT_VERSION, MAX_CHUNK_ELEMENTS
+from .layout import side_json
+from .pipeline import ordered_map
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 22
+Progress = Callable[[int], None]
+
+
+@dataclass
+class _Plan:
+    """One tensor entry to produce: its op and the tensors it reads."""
+
+    op: str  # "modified" (may turn out unchanged), "added" or "removed"
+    base: Tensor | None
+    target: Tensor | None
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    digests: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tensor(self) -> Tensor:
+        t = self.target if self.target is not None else self.base
+        assert t is not None
+        return t
+
+
+def _plans(base: Checkpoint, target: Checkpoint) -> list[_Plan]:
+    """Tensor plans sorted by name, removals before additions of the same name."""
+    plans: list[_Plan] = []
+    names = sorted(set(base.tensors) | set(target.tensors), key=lambda n: n.encode("utf-8"))
+    for name in names:
+        b, t = base.tensors.get(name), target.tensors.get(name)
+        if b is not None and t is not None and (b.dtype, b.shape) == (t.dtype, t.shape):
+            plans.append(_Plan("modified", b, t))
+            continue
+        if b is not None:
+            plans.append(_Plan("removed", b, None))
+        if t is not None:
+            plans.append(_Plan("added", None, t))
+    return plans
+
+
+@dataclass(frozen=True)
+class _Task:
+    plan: _Plan
+    start: int
+    count: int
+
+
+@dataclass(frozen=True)
+class _Done:
+    task: _Task
+    base: Words | None
+    target: Words | None
+    encoded: chunk_codec.Encoded | None
+
+
+@dataclass(frozen=True)
+class DiffOptions:
+    """Encoder settings: zstd ``level``, worker ``threads``, chunk size in elements.
+
+    ``reversible`` keeps every modified chunk as a transform and stores
+    removed tensors, so that the delta also applies target -> base.
+    """
+
+    level: int = 3
+    threads: int = 2
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    reversible: bool = True
+
+    def check(self) -> None:
+        if not 1 <= self.chunk_elements <= MAX_CHUNK_ELEMENTS:
+            raise BadArgumentError(f"chunk_elements must be in 1..{MAX_CHUNK_ELEMENTS}")
+        if not -7 <= self.level <= 22:
+            raise BadArgumentError("zstd level must be in -7..22")
+        if self.threads < 1:
+            raise BadArgumentError("threads must be >= 1")
+
+
+def _tasks(plans: list[_Plan], chunk_elements: int) -> Iterator[_Task]:
+    for plan in plans:
+        n = plan.tensor.elements
+        for start in range(0, n, chunk_elements):
+            yield _Task(plan, start, min(chunk_elements, n - start))
+
+
+def _run(task: _Task, opts: DiffOptions) -> _Done:
+    plan = task.plan
+    base = plan.base.read(task.start, task.count) if plan.base is not None else None
+    target = plan.target.read(task.start, task.count) if plan.target is not None else None
+    encoded: chunk_codec.Encoded | None
+    if plan.op == "modified":
+        assert base is not None and target is not None
+        encoded = chunk_codec.encode_modified(base, target, opts.level, not opts.reversible)
+    elif plan.op == "added":
+        assert target is not None
+        encoded = chunk_codec.encode_full(target, opts.level)
+    else:
+        assert base is not None
+        encoded = None
+        if opts.reversible:
+            encoded = chunk_codec.encode_full(base, opts.level)
+    return _Done(task, base, target, encoded)
+
+
+class _BlobWriter:
+    """Appends blobs to the scratch data file and fills their offset/checksum."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.offset = 0
+
+    def add(self, encoded: chunk_codec.Encoded) -> dict[str, Any]:
+        fields = dict(encoded.fields)
+        if encoded.blob is not None:
+            self.f.write(encoded.blob)
+            fields["offset"] = self.offset
+            fields["checksum"] = blake3.blake3(encoded.blob).hexdigest()
+            self.offset += len(encoded.blob)
+        return fields
+
+
+class _Digests:
+    """Per-tensor BLAKE3 state, fed chunk by chunk in order."""
+
+    def __init__(self, chunk_elements: int) -> None:
+        self.chunk_elements = chunk_elements
+        self.live: dict[int, tuple[Any, Any]] = {}
+
+    def feed(self, done: _Done) -> bool:
+        """Hash a chunk's inputs; True when it was the tensor's last chunk."""
+        hashers = self.live.setdefault(id(done.task.plan), (new_hasher(), new_hasher()))
+        for hasher, words in zip(hashers, (done.base, done.target), strict=False):
+            if words is not None:
+                hasher.update(words.data.cast("B"))
+        return done.task.start + done.task.count == done.task.plan.tensor.elements
+
+    def finish(self, plan: _Plan) -> None:
+        hb, ht = self.live.pop(id(plan), (new_hasher(), new_hasher()))
+        if plan.base is not None:
+            plan.digests["base_digest"] = hb.hexdigest()
+        if plan.target is not None:
+            plan.digests["target_digest"] = ht.hexdigest()
+
+
+def _encode_all(
+    plans: list[_Plan], opts: DiffOptions, blobs: _BlobWriter, progress: Progress | None
+) -> None:
+    digests = _Digests(opts.chunk_elements)
+    for plan in plans:
+        if plan.tensor.elements == 0:
+            digests.finish(plan)
+    for done in ordered_map(
+        lambda t: _run(t, opts), _tasks(plans, opts.chunk_elements), opts.threads
+    ):
+        if done.encoded is not None:
+            done.task.plan.chunks.append(blobs.add(done.encoded))
+        if digests.feed(done):
+            digests.finish(done.task.plan)
+        if progress is not None:
+            progress(sum(w.nbytes for w in (done.base, done.target) if w is not None))
+
+
+def _entry(plan: _Plan) -> dict[str, Any]:
+    t = plan.tensor
+    op = plan.op
+    if op == "modified" and all(c["encoding"] == "unchanged" for c in plan.chunks):
+        op = "unchanged"
+    entry: dict[str, Any] = {
+        "name": t.name,
+        "op": op,
+        "dtype": t.dtype.name,
+        "shape": list(t.shape),
+    }
+    entry.update(plan.digests)
+    if op != "unchanged" and (op != "removed" or plan.chunks or t.elements == 0):
+        entry["chunks"] = plan.chunks
+    return entry
+
+
+def _side(ckpt: Checkpoint, entries: list[dict[str, Any]], side: str) -> dict[str, Any]:
+    absent = "added" if side == "base" else "removed"
+    ids = [
+        TensorIdentity(e["name"], e["dtype"], tuple(e["shape"]), e[f"{side}_digest"])
+        for e in entries if e["op"] != absent
+    ]  # fmt: skip
+    return {"digest": checkpoint_digest(ids), **side_json(ckpt.files, ckpt.index)}
+
+
+def _header_bytes(
+    base: Checkpoint, target: Checkpoint, plans: list[_Plan], opts: DiffOptions
+) -> bytes:
+    entries = [_entry(p) for p in plans]
+    reversible = opts.reversible and all(
+        c["encoding"] != "full" for e in entries if e["op"] == "modified" for c in e["chunks"]
+    )
+    doc = {
+        "version": FORMAT_VERSION,
+        "required_features": [],
+        "generator": f"wdelta-py/{__version__}",
+        "chunk_elements": opts.chunk_elements,
+        "reversible": reversible,
+        "base": _side(base, entries, "base"),
+        "target": _side(target, entries, "target"),
+        "tensors": entries,
+    }
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return text + b" " * (-len(text) % 8)
+
+
+def diff_checkpoints(
+    base: Checkpoint, target: Checkpoint, out: Path, opts: DiffOptions,
+    progress: Progress | None = None,
+) -> Path:  # fmt: skip
+    """Write the delta base -> target to ``out`` atomically; returns ``out``."""
+    opts.check()
+    plans = _plans(base, target)
+    folder = out.parent if str(out.parent) else Path(".")
+    with tempfile.TemporaryFile(prefix=TMP_PREFIX, dir=folder) as scratch:
+        blobs = _BlobWriter(scratch)
+        _encode_all(plans, opts, blobs, progress)
+        header = _header_bytes(base, target, plans, opts)
+        scratch.flush()
+        scratch.seek(0)
+        with atomic_file(out) as fd, os.fdopen(os.dup(fd), "wb") as f:
+            f.write(pack_prefix(header, blobs.offset))
+            f.write(header)
+            shutil.copyfileobj(scratch, f, 1 << 22)
+    return out

@@ -1,0 +1,1 @@
+"""Chunk encodings (sparse, dense, full), value transforms and the blob codec."""

@@ -1,0 +1,95 @@
+"""The ``sparse`` encoding: changed positions plus transformed values there.
+
+Raw payload (SPEC.md "sparse"): u8 position coding (0 bitmap, 1 rice), u8 k,
+6 zero bytes, u64 count c; then for bitmap ceil(m/8) bytes, for rice u64 U,
+U unary bytes and ceil(c·k/8) remainder bytes; then the c values as byte
+planes.  The payload length must be exactly what these fields imply.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import EncodingInvalidError
+from . import planes, positions
+
+BITMAP, RICE = 0, 1
+_HEAD = struct.Struct("<BB6sQ")
+Positions = positions.Positions
+Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
+
+
+def max_raw_length(m: int, size: int) -> int:
+    """Upper bound on a valid sparse payload for m elements of ``size`` bytes."""
+    return 24 + m * (size + 5)
+
+
+@dataclass(frozen=True)
+class PositionPlan:
+    """The cheaper position coding for a chunk, its Rice k and its exact size."""
+
+    coding: int
+    k: int
+    nbytes: int
+
+
+def plan_positions(pos: Positions, m: int) -> PositionPlan:
+    """Compare the exact sizes of the bitmap and the best Rice coding."""
+    bitmap = (m + 7) // 8
+    gaps = positions.gaps_of(pos)
+    k = positions.best_rice_k(gaps)
+    unary_bits = positions.rice_bits(gaps, k) - len(gaps) * k
+    rice = 8 + (unary_bits + 7) // 8 + (len(gaps) * k + 7) // 8
+    return PositionPlan(RICE, k, rice) if rice < bitmap else PositionPlan(BITMAP, 0, bitmap)
+
+
+def encode(pos: Positions, values: Words, m: int, plan: PositionPlan) -> bytes:
+    """Payload for sorted positions ``pos`` in a chunk of m and their values."""
+    count = len(pos)
+    if plan.coding == BITMAP:
+        head = _HEAD.pack(BITMAP, 0, bytes(6), count)
+        body = positions.bitmap_encode(pos, m)
+        return head + body + planes.split(values)
+    k = plan.k
+    unary, rem = positions.rice_encode(positions.gaps_of(pos), k)
+    head = _HEAD.pack(RICE, k, bytes(6), count) + struct.pack("<Q", len(unary))
+    return head + unary + rem + planes.split(values)
+
+
+def decode(payload: bytes | memoryview, m: int, word: np.dtype[Any]) -> tuple[Positions, Words]:
+    """(positions, values) from a payload; every byte is validated."""
+    view = memoryview(payload)
+    if len(view) < _HEAD.size:
+        raise EncodingInvalidError("sparse payload shorter than its 16-byte head")
+    coding, k, zero, count = _HEAD.unpack_from(view)
+    if zero != bytes(6) or coding not in (BITMAP, RICE) or (coding == BITMAP and k):
+        raise EncodingInvalidError(f"sparse head invalid (coding {coding}, k {k})")
+    if not 1 <= count <= m:
+        raise EncodingInvalidError(f"sparse count {count} outside 1..{m}")
+    size = word.itemsize
+    if coding == BITMAP:
+        cursor = _HEAD.size + (m + 7) // 8
+        _expect_length(view, cursor + count * size)
+        pos = positions.bitmap_decode(view[_HEAD.size : cursor], count, m)
+    else:
+        if k > positions.MAX_RICE_K or len(view) < _HEAD.size + 8:
+            raise EncodingInvalidError(f"rice parameter {k} or head invalid")
+        (unary_len,) = struct.unpack_from("<Q", view, _HEAD.size)
+        start = _HEAD.size + 8
+        rem_len = (count * k + 7) // 8
+        cursor = start + unary_len + rem_len
+        _expect_length(view, cursor + count * size)
+        unary = view[start : start + unary_len]
+        pos = positions.rice_decode(unary, view[start + unary_len : cursor], k, count, m)
+    return pos, planes.join(view[cursor:], count, word)
+
+
+def _expect_length(view: memoryview, expected: int) -> None:
+    if len(view) != expected:
+        raise EncodingInvalidError(
+            f"sparse payload is {len(view)} bytes, layout implies {expected}"
+        )

@@ -1,0 +1,65 @@
+"""Value transforms on stored words, never on float values (SPEC.md "Transforms").
+
+``xor``: v = t ^ b.  ``sub``: d = (t - b) mod 2^w, stored zigzag-coded so that
+a small signed step (the common case for a bf16 update) has zero high bytes.
+Both are bijections for a fixed base, so every transformed chunk can be
+applied forwards (base -> target) and backwards (target -> base).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import UnsupportedFeatureError
+
+Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
+TRANSFORMS = ("xor", "sub")
+
+
+def _check(kind: str) -> None:
+    if kind not in TRANSFORMS:
+        raise UnsupportedFeatureError(f"unknown transform {kind!r}")
+
+
+def zigzag(d: Words) -> Words:
+    """Map a two's-complement word to its zigzag code, in place."""
+    w = d.dtype.itemsize * 8
+    sign = d.view(d.dtype.str.replace("u", "i")) >> (w - 1)
+    d <<= 1
+    d ^= sign.view(d.dtype)
+    return d
+
+
+def unzigzag(v: Words) -> Words:
+    """Inverse of :func:`zigzag`, in place."""
+    w = v.dtype.itemsize * 8
+    sign = (v << (w - 1)).view(v.dtype.str.replace("u", "i")) >> (w - 1)
+    v >>= 1
+    v ^= sign.view(v.dtype)
+    return v
+
+
+def encode(kind: str, base: Words, target: Words) -> Words:
+    """Transformed words v for base and target words of equal length."""
+    _check(kind)
+    if kind == "xor":
+        return np.bitwise_xor(target, base)
+    return zigzag(np.subtract(target, base))
+
+
+def to_target(kind: str, base: Words, v: Words) -> Words:
+    """Recover target words from base words and transformed words."""
+    _check(kind)
+    if kind == "xor":
+        return np.bitwise_xor(base, v)
+    return np.add(base, unzigzag(v.copy()))
+
+
+def to_base(kind: str, target: Words, v: Words) -> Words:
+    """Recover base words from target words and transformed words (reverse)."""
+    _check(kind)
+    if kind == "xor":
+        return np.bitwise_xor(target, v)
+    return np.subtract(target, unzigzag(v.copy()))

@@ -1,0 +1,274 @@
+"""The delta header: its JSON model, schema and semantic validation.
+
+``parse_header`` turns the header bytes of a delta file into a
+:class:`Header`, checking, in this order: UTF-8 JSON without duplicate keys,
+the version, the required features, the JSON Schema, then every rule of
+SPEC.md section 4 (ops, chunk counts, blob contiguity, layouts, digests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from . import schemas
+from .digest import TensorIdentity, checkpoint_digest
+from .dtypes import DType, lookup
+from .encodings.codec import CODECS
+from .encodings.sparse import max_raw_length
+from .encodings.transform import TRANSFORMS
+from .errors import (
+    HeaderInvalidError,
+    LimitExceededError,
+    UnsupportedFeatureError,
+    UnsupportedVersionError,
+)
+from .layout import SideLayout, parse_side_layout
+
+FORMAT_VERSION = 1
+KNOWN_FEATURES: frozenset[str] = frozenset()
+MAX_CHUNK_ELEMENTS = 1 << 26
+MAX_ELEMENTS = 1 << 48
+OPS = ("unchanged", "modified", "added", "removed")
+ENCODINGS = ("unchanged", "sparse", "dense", "full")
+_OP_RANK = {"removed": 0, "unchanged": 1, "modified": 1, "added": 2}
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of a tensor; blob fields are absent (0/"") when unchanged."""
+
+    encoding: str
+    changed: int
+    transform: str | None = None
+    codec: str = ""
+    offset: int = 0
+    length: int = 0
+    raw_length: int = 0
+    checksum: str = ""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor operation of the delta."""
+
+    name: str
+    op: str
+    dtype: DType
+    shape: tuple[int, ...]
+    base_digest: str | None
+    target_digest: str | None
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for dim in self.shape:
+            n *= dim
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * self.dtype.size
+
+    def identity(self, side: str) -> TensorIdentity:
+        digest = self.base_digest if side == "base" else self.target_digest
+        assert digest is not None
+        return TensorIdentity(self.name, self.dtype.name, self.shape, digest)
+
+
+@dataclass(frozen=True)
+class Header:
+    """A validated delta header; ``raw`` is the parsed JSON object."""
+
+    chunk_elements: int
+    reversible: bool
+    base: SideLayout
+    target: SideLayout
+    tensors: tuple[TensorEntry, ...]
+    raw: dict[str, Any]
+
+    def side_tensors(self, side: str) -> list[TensorEntry]:
+        """Tensors present in the base (``"base"``) or target (``"target"``)."""
+        absent = "added" if side == "base" else "removed"
+        return [t for t in self.tensors if t.op != absent]
+
+    def chunk_span(self, tensor: TensorEntry, index: int) -> tuple[int, int]:
+        """(first element, element count) of chunk ``index`` of ``tensor``."""
+        start = index * self.chunk_elements
+        return start, min(self.chunk_elements, tensor.elements - start)
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise HeaderInvalidError(f"duplicate key {key!r} in the header")
+        out[key] = value
+    return out
+
+
+def load_json(data: bytes) -> dict[str, Any]:
+    """Decode header bytes (JSON then trailing spaces) into a dict."""
+    try:
+        raw = json.loads(data.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HeaderInvalidError(f"header is not valid UTF-8 JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise HeaderInvalidError("header must be a JSON object")
+    return raw
+
+
+def parse_header(data: bytes, data_length: int) -> Header:
+    """Validate header bytes against a data section of ``data_length`` bytes."""
+    raw = load_json(data)
+    version = raw.get("version")
+    if version != FORMAT_VERSION:
+        raise UnsupportedVersionError(f"header version {version!r}; this reader implements 1")
+    features = raw.get("required_features")
+    if isinstance(features, list):
+        unknown = sorted(str(f) for f in features if f not in KNOWN_FEATURES)
+        if unknown:
+            raise UnsupportedFeatureError(f"unknown required features: {', '.join(unknown)}")
+    try:
+        schemas.validator("delta-header").validate(raw)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise HeaderInvalidError(f"schema violation at {where}: {exc.message}") from exc
+    chunk_elements = raw["chunk_elements"]
+    if chunk_elements > MAX_CHUNK_ELEMENTS:
+        raise LimitExceededError(f"chunk_elements {chunk_elements} exceeds {MAX_CHUNK_ELEMENTS}")
+    tensors = tuple(_parse_tensor(t, chunk_elements) for t in raw["tensors"])
+    _check_order(tensors)
+    _check_blobs(tensors, data_length)
+    reversible = all(_tensor_reversible(t) for t in tensors)
+    if raw["reversible"] != reversible:
+        raise HeaderInvalidError(
+            f"header says reversible={raw['reversible']}, chunks imply {reversible}"
+        )
+    header = Header(
+        chunk_elements, reversible,
+        parse_side_layout(raw["base"], "base"), parse_side_layout(raw["target"], "target"),
+        tensors, raw,
+    )  # fmt: skip
+    for side, layout in (("base", header.base), ("target", header.target)):
+        entries = header.side_tensors(side)
+        layout.check_tensors({t.name: (t.dtype, t.shape) for t in entries})
+        if checkpoint_digest(t.identity(side) for t in entries) != raw[side]["digest"]:
+            raise HeaderInvalidError(f"{side} digest does not match its tensor digests")
+    return header
+
+
+def _tensor_reversible(t: TensorEntry) -> bool:
+    if t.op == "removed":
+        return bool(t.chunks) or t.elements == 0
+    return t.op != "modified" or all(c.encoding != "full" for c in t.chunks)
+
+
+def _check_order(tensors: tuple[TensorEntry, ...]) -> None:
+    keys = [(t.name.encode("utf-8"), _OP_RANK[t.op]) for t in tensors]
+    for prev, cur in itertools.pairwise(keys):
+        if cur <= prev:
+            raise HeaderInvalidError(f"tensors not sorted or duplicated at {cur[0]!r}")
+    for prev_t, cur_t in itertools.pairwise(tensors):
+        if prev_t.name == cur_t.name and (prev_t.op, cur_t.op) != ("removed", "added"):
+            raise HeaderInvalidError(f"tensor {cur_t.name!r} listed twice")
+
+
+def _check_blobs(tensors: tuple[TensorEntry, ...], data_length: int) -> None:
+    cursor = 0
+    for t in tensors:
+        for i, c in enumerate(t.chunks):
+            if c.encoding == "unchanged":
+                continue
+            if c.offset != cursor:
+                raise HeaderInvalidError(
+                    f"{t.name!r} chunk {i}: blob at {c.offset}, expected {cursor} "
+                    "(blobs must be contiguous, in header order)"
+                )
+            cursor += c.length
+    if cursor != data_length:
+        raise HeaderInvalidError(f"blobs cover {cursor} bytes, data section has {data_length}")
+
+
+def _parse_tensor(raw: dict[str, Any], chunk_elements: int) -> TensorEntry:
+    name, op = raw["name"], raw["op"]
+    if op not in OPS:
+        raise UnsupportedFeatureError(f"tensor {name!r}: unknown op {op!r}")
+    dtype = lookup(raw["dtype"])
+    shape = tuple(raw["shape"])
+    entry = TensorEntry(
+        name, op, dtype, shape, raw.get("base_digest"), raw.get("target_digest"),
+        tuple(_parse_chunk(c) for c in raw.get("chunks", ())),
+    )  # fmt: skip
+    if entry.elements > MAX_ELEMENTS:
+        raise LimitExceededError(
+            f"tensor {name!r}: {entry.elements} elements exceeds {MAX_ELEMENTS}"
+        )
+    _check_digests(entry, raw)
+    expected_chunks = -(-entry.elements // chunk_elements)
+    wants_chunks = op in ("modified", "added") or (op == "removed" and "chunks" in raw)
+    if wants_chunks and len(entry.chunks) != expected_chunks:
+        raise HeaderInvalidError(
+            f"tensor {name!r}: {len(entry.chunks)} chunks, {expected_chunks} expected"
+        )
+    if not wants_chunks and "chunks" in raw:
+        raise HeaderInvalidError(f"tensor {name!r}: op {op} carries no chunks")
+    for i, chunk in enumerate(entry.chunks):
+        start = i * chunk_elements
+        _check_chunk(entry, i, chunk, min(chunk_elements, entry.elements - start))
+    return entry
+
+
+def _check_digests(entry: TensorEntry, raw: dict[str, Any]) -> None:
+    needs_base = entry.op != "added"
+    needs_target = entry.op != "removed"
+    if ("base_digest" in raw) != needs_base or ("target_digest" in raw) != needs_target:
+        raise HeaderInvalidError(f"tensor {entry.name!r}: wrong digests for op {entry.op}")
+    if entry.op == "unchanged" and entry.base_digest != entry.target_digest:
+        raise HeaderInvalidError(f"tensor {entry.name!r}: unchanged but digests differ")
+
+
+def _parse_chunk(raw: dict[str, Any]) -> Chunk:
+    encoding = raw["encoding"]
+    if encoding not in ENCODINGS:
+        raise UnsupportedFeatureError(f"unknown encoding {encoding!r}")
+    if encoding == "unchanged":
+        return Chunk("unchanged", raw["changed"])
+    missing = {"codec", "offset", "length", "raw_length", "checksum"} - set(raw)
+    if encoding in ("sparse", "dense"):
+        missing |= {"transform"} - set(raw)
+    if missing:
+        raise HeaderInvalidError(f"{encoding} chunk lacks {', '.join(sorted(missing))}")
+    transform = raw.get("transform") if encoding != "full" else None
+    if transform is not None and transform not in TRANSFORMS:
+        raise UnsupportedFeatureError(f"unknown transform {transform!r}")
+    if raw["codec"] not in CODECS:
+        raise UnsupportedFeatureError(f"unknown codec {raw['codec']!r}")
+    return Chunk(
+        encoding, raw["changed"], transform, raw["codec"], raw["offset"], raw["length"],
+        raw["raw_length"], raw["checksum"],
+    )  # fmt: skip
+
+
+def _check_chunk(t: TensorEntry, i: int, c: Chunk, m: int) -> None:
+    where = f"tensor {t.name!r} chunk {i}"
+    if c.encoding == "unchanged":
+        if t.op != "modified" or c.changed != 0:
+            raise HeaderInvalidError(f"{where}: unchanged chunk outside a modified tensor")
+        return
+    if t.op in ("added", "removed") and (c.encoding != "full" or c.changed != m):
+        raise HeaderInvalidError(f"{where}: {t.op} tensors hold full chunks with changed = m")
+    if not 1 <= c.changed <= m:
+        raise HeaderInvalidError(f"{where}: changed {c.changed} outside 1..{m}")
+    limit = max_raw_length(m, t.dtype.size) if c.encoding == "sparse" else m * t.dtype.size
+    if c.encoding == "sparse" and c.raw_length > limit:
+        raise LimitExceededError(f"{where}: raw_length {c.raw_length} exceeds {limit}")
+    if c.encoding != "sparse" and c.raw_length != limit:
+        raise HeaderInvalidError(f"{where}: raw_length {c.raw_length}, expected {limit}")
+    if c.codec == "none" and c.length != c.raw_length:
+        raise HeaderInvalidError(f"{where}: codec none with length != raw_length")

@@ -1,0 +1,73 @@
+"""A reviewer's summary of a delta: per tensor op, encodings, density, sizes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .container import DeltaFile
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    """Sizes in bytes; ``changed`` counts elements whose bit pattern changed."""
+
+    name: str
+    op: str
+    dtype: str
+    shape: list[int]
+    elements: int
+    changed: int
+    density: float
+    raw_bytes: int
+    stored_bytes: int
+    encodings: dict[str, int]
+    transforms: dict[str, int]
+
+
+@dataclass(frozen=True)
+class DeltaSummary:
+    """Whole-delta figures; ``ratio`` is stored bytes / target checkpoint bytes."""
+
+    version: int
+    generator: str
+    reversible: bool
+    chunk_elements: int
+    base_digest: str
+    target_digest: str
+    file_bytes: int
+    target_bytes: int
+    stored_bytes: int
+    ratio: float
+    ops: dict[str, int]
+    tensors: list[TensorSummary]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _tensor(entry: Any) -> TensorSummary:
+    stored = sum(c.length for c in entry.chunks)
+    changed = sum(c.changed for c in entry.chunks)
+    encodings = Counter(c.encoding for c in entry.chunks)
+    transforms = Counter(c.transform for c in entry.chunks if c.transform)
+    return TensorSummary(
+        entry.name, entry.op, entry.dtype.name, list(entry.shape), entry.elements, changed,
+        changed / entry.elements if entry.elements else 0.0, entry.nbytes, stored,
+        dict(encodings), dict(transforms),
+    )  # fmt: skip
+
+
+def summarize(delta: DeltaFile) -> DeltaSummary:
+    """Summary of an open delta, from its header alone."""
+    h = delta.header
+    tensors = [_tensor(t) for t in h.tensors]
+    target_bytes = sum(t.nbytes for t in h.side_tensors("target"))
+    file_bytes = 64 + delta.header_length + delta.data_length
+    return DeltaSummary(
+        1, str(h.raw.get("generator", "")), h.reversible, h.chunk_elements,
+        h.raw["base"]["digest"], h.raw["target"]["digest"], file_bytes, target_bytes,
+        delta.data_length, file_bytes / target_bytes if target_bytes else 0.0,
+        dict(Counter(t.op for t in h.tensors)), tensors,
+    )  # fmt: skip
