@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from .checkpoint.safetensors_header import FileLayout
 from .checkpoint.source import Checkpoint, Words
@@ -27,7 +28,7 @@ from .errors import (
     NotReversibleError,
 )
 from .header import Chunk, Header, TensorEntry
-from .pipeline import ordered_map
+from .pipeline import Aborted, Sequencer, ordered_map
 
 Progress = Callable[[int], None]
 _COPY = Chunk("unchanged", 0)
@@ -84,101 +85,114 @@ def check_input(header: Header, ckpt: Checkpoint, reverse: bool) -> None:
 
 @dataclass(frozen=True)
 class _Task:
+    """Chunk ``index`` of a step; ``stream`` numbers the step's two digests."""
+
     step: Step
     index: int
     start: int
     count: int
+    stream: int
+    hashers: tuple[Any, Any]
+
+    @property
+    def last(self) -> bool:
+        return self.start + self.count == self.step.entry.elements
 
 
 def _tasks(steps: list[Step], chunk_elements: int) -> Iterator[_Task]:
-    for step in steps:
+    for k, step in enumerate(steps):
         n = step.entry.elements
+        hashers = (new_hasher(), new_hasher())
         for i, start in enumerate(range(0, n, chunk_elements)):
-            yield _Task(step, i, start, min(chunk_elements, n - start))
+            yield _Task(step, i, start, min(chunk_elements, n - start), 2 * k, hashers)
 
 
 Sink = Callable[[str, int, Words], None]
 
 
+def check_digests(step: Step, src_hex: str, dst_hex: str) -> None:
+    """Compare a finished step's input and output digests with the header."""
+    name = step.entry.name
+    if step.src_digest is not None and src_hex != step.src_digest:
+        raise BaseMismatchError(f"tensor {name!r}: input bytes differ from the delta's digest")
+    if step.entry.op == "unchanged":
+        dst_hex = src_hex
+    if step.dst_digest is not None and dst_hex != step.dst_digest:
+        raise ChecksumMismatchError(f"tensor {name!r}: decoded bytes do not match its digest")
+
+
 @dataclass
 class _Decoder:
-    """Decodes tasks; writes output words through ``sink`` (None: verify only)."""
+    """Decodes and hashes tasks on worker threads; writes through ``sink``.
+
+    The input chunk is hashed before it is decoded in place; digests are fed
+    in chunk order through the sequencer.  ``sink`` None means verify only.
+    """
 
     delta: DeltaFile
     ckpt: Checkpoint
     sink: Sink | None
+    seq: Sequencer
 
-    def run(self, task: _Task) -> tuple[Words | None, Words | None]:
+    def run(self, task: _Task) -> _Task:
+        try:
+            self._run(task)
+        except BaseException as exc:
+            self.seq.fail(exc)
+            raise
+        return task
+
+    def _hash(self, task: _Task, which: int, words: Words) -> None:
+        with self.seq.turn(task.stream + which, task.index):
+            task.hashers[which].update(words.data.cast("B"))
+
+    def _run(self, task: _Task) -> None:
         step, entry = task.step, task.step.entry
         src: Words | None = None
         if step.src_digest is not None:
             src = self.ckpt.tensors[entry.name].read(task.start, task.count)
-        if step.dst_digest is None:
-            return src, None
-        chunk = step.chunk(task.index)
+            self._hash(task, 0, src)
+        if step.dst_digest is not None:
+            dst = self._decode(task, src)
+            if entry.op != "unchanged":
+                self._hash(task, 1, dst)
+            if self.sink is not None:
+                self.sink(entry.name, task.start * entry.dtype.size, dst)
+        if task.last:
+            self.seq.close(task.stream)
+            self.seq.close(task.stream + 1)
+            check_digests(step, task.hashers[0].hexdigest(), task.hashers[1].hexdigest())
+
+    def _decode(self, task: _Task, src: Words | None) -> Words:
+        chunk = task.step.chunk(task.index)
         if chunk.encoding == "unchanged":
-            dst = src
-        else:
-            payload = self.delta.payload(chunk)
-            dst = chunk_codec.decode(
-                chunk.encoding, chunk.transform, payload, src, task.count,
-                entry.dtype.word, step.reverse, chunk.changed,
-            )  # fmt: skip
-        assert dst is not None
-        if self.sink is not None:
-            self.sink(entry.name, task.start * entry.dtype.size, dst)
-        return src, dst
-
-
-class _Verifier:
-    """Hashes input and output words tensor by tensor, in order."""
-
-    def __init__(self) -> None:
-        self.step: Step | None = None
-        self.src = new_hasher()
-        self.dst = new_hasher()
-
-    def feed(self, task: _Task, src: Words | None, dst: Words | None) -> None:
-        if task.step is not self.step:
-            self.step = task.step
-            self.src, self.dst = new_hasher(), new_hasher()
-        if src is not None:
-            self.src.update(src.data.cast("B"))
-        if dst is not None and task.step.entry.op != "unchanged":
-            self.dst.update(dst.data.cast("B"))
-        if task.start + task.count == task.step.entry.elements:
-            self.finish(task.step)
-
-    def finish(self, step: Step) -> None:
-        """Compare the digests of a finished step (also used for empty tensors)."""
-        if step is not self.step:
-            self.step = step
-            self.src, self.dst = new_hasher(), new_hasher()
-        src_hex = self.src.hexdigest()
-        name = step.entry.name
-        if step.src_digest is not None and src_hex != step.src_digest:
-            raise BaseMismatchError(f"tensor {name!r}: input bytes differ from the delta's digest")
-        copied = step.entry.op == "unchanged"
-        dst_hex = src_hex if copied else self.dst.hexdigest()
-        if step.dst_digest is not None and dst_hex != step.dst_digest:
-            raise ChecksumMismatchError(f"tensor {name!r}: decoded bytes do not match its digest")
+            assert src is not None
+            return src
+        payload = self.delta.payload(chunk)
+        return chunk_codec.decode(
+            chunk.encoding, chunk.transform, payload, src, task.count,
+            task.step.entry.dtype.word, task.step.reverse, chunk.changed,
+        )  # fmt: skip
 
 
 def run_steps(
     delta: DeltaFile, ckpt: Checkpoint, steps: list[Step], sink: Sink | None,
     threads: int, progress: Progress | None,
 ) -> None:  # fmt: skip
-    """Decode and verify every step; raises on the first failed check."""
-    verifier = _Verifier()
+    """Decode and verify every step; raises the first failed check."""
+    empty = new_hasher().hexdigest()
     for step in steps:
         if step.entry.elements == 0:
-            verifier.finish(step)
-    decoder = _Decoder(delta, ckpt, sink)
+            check_digests(step, empty, empty)
+    decoder = _Decoder(delta, ckpt, sink, Sequencer())
     tasks = _tasks(steps, delta.header.chunk_elements)
-    for task, (src, dst) in ordered_map(lambda t: (t, decoder.run(t)), tasks, threads):
-        verifier.feed(task, src, dst)
-        if progress is not None:
-            progress(task.count * task.step.entry.dtype.size)
+    try:
+        for task in ordered_map(decoder.run, tasks, threads):
+            if progress is not None:
+                progress(task.count * task.step.entry.dtype.size)
+    except Aborted:
+        assert decoder.seq.error is not None
+        raise decoder.seq.error from None
 
 
 def output_tensor_offsets(
@@ -205,6 +219,10 @@ def file_sink(fds: dict[str, int], offsets: dict[str, tuple[str, int]]) -> Sink:
     def write(name: str, byte_offset: int, words: Words) -> None:
         path, start = offsets[name]
         _pwrite_all(fds[path], words.data.cast("B"), start + byte_offset)
+        # Start writeback of the range now (Linux begins asynchronous I/O for
+        # dirty pages on DONTNEED), so the final fsync overlaps with decoding
+        # instead of flushing the whole output at the end.
+        os.posix_fadvise(fds[path], start + byte_offset, words.nbytes, os.POSIX_FADV_DONTNEED)
 
     return write
 

@@ -27,7 +27,7 @@ from .encodings import chunk as chunk_codec
 from .errors import BadArgumentError
 from .header import FORMAT_VERSION, MAX_CHUNK_ELEMENTS
 from .layout import side_json
-from .pipeline import ordered_map
+from .pipeline import Aborted, Sequencer, ordered_map
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
 Progress = Callable[[int], None]
@@ -68,16 +68,23 @@ def _plans(base: Checkpoint, target: Checkpoint) -> list[_Plan]:
 
 @dataclass(frozen=True)
 class _Task:
+    """Chunk ``index`` of a plan; ``stream`` numbers the plan's two digests."""
+
     plan: _Plan
+    index: int
     start: int
     count: int
+    stream: int
+    hashers: tuple[Any, Any]
+
+    @property
+    def last(self) -> bool:
+        return self.start + self.count == self.plan.tensor.elements
 
 
 @dataclass(frozen=True)
 class _Done:
     task: _Task
-    base: Words | None
-    target: Words | None
     encoded: chunk_codec.Encoded | None
 
 
@@ -104,16 +111,38 @@ class DiffOptions:
 
 
 def _tasks(plans: list[_Plan], chunk_elements: int) -> Iterator[_Task]:
-    for plan in plans:
+    for k, plan in enumerate(plans):
         n = plan.tensor.elements
-        for start in range(0, n, chunk_elements):
-            yield _Task(plan, start, min(chunk_elements, n - start))
+        hashers = (new_hasher(), new_hasher())
+        for i, start in enumerate(range(0, n, chunk_elements)):
+            yield _Task(plan, i, start, min(chunk_elements, n - start), 2 * k, hashers)
 
 
-def _run(task: _Task, opts: DiffOptions) -> _Done:
+def _read(task: _Task, which: int, seq: Sequencer) -> Words | None:
+    """Read one side's words of a chunk and feed them to its digest, in order."""
+    tensor = task.plan.base if which == 0 else task.plan.target
+    if tensor is None:
+        return None
+    words = tensor.read(task.start, task.count)
+    with seq.turn(task.stream + which, task.index):
+        task.hashers[which].update(words.data.cast("B"))
+    if task.last:
+        seq.close(task.stream + which)
+        task.plan.digests[("base_digest", "target_digest")[which]] = task.hashers[which].hexdigest()
+    return words
+
+
+def _run(task: _Task, opts: DiffOptions, seq: Sequencer) -> _Done:
+    try:
+        return _encode(task, opts, seq)
+    except BaseException as exc:
+        seq.fail(exc)
+        raise
+
+
+def _encode(task: _Task, opts: DiffOptions, seq: Sequencer) -> _Done:
     plan = task.plan
-    base = plan.base.read(task.start, task.count) if plan.base is not None else None
-    target = plan.target.read(task.start, task.count) if plan.target is not None else None
+    base, target = _read(task, 0, seq), _read(task, 1, seq)
     encoded: chunk_codec.Encoded | None
     if plan.op == "modified":
         assert base is not None and target is not None
@@ -126,7 +155,7 @@ def _run(task: _Task, opts: DiffOptions) -> _Done:
         encoded = None
         if opts.reversible:
             encoded = chunk_codec.encode_full(base, opts.level)
-    return _Done(task, base, target, encoded)
+    return _Done(task, encoded)
 
 
 class _BlobWriter:
@@ -146,45 +175,32 @@ class _BlobWriter:
         return fields
 
 
-class _Digests:
-    """Per-tensor BLAKE3 state, fed chunk by chunk in order."""
-
-    def __init__(self, chunk_elements: int) -> None:
-        self.chunk_elements = chunk_elements
-        self.live: dict[int, tuple[Any, Any]] = {}
-
-    def feed(self, done: _Done) -> bool:
-        """Hash a chunk's inputs; True when it was the tensor's last chunk."""
-        hashers = self.live.setdefault(id(done.task.plan), (new_hasher(), new_hasher()))
-        for hasher, words in zip(hashers, (done.base, done.target), strict=False):
-            if words is not None:
-                hasher.update(words.data.cast("B"))
-        return done.task.start + done.task.count == done.task.plan.tensor.elements
-
-    def finish(self, plan: _Plan) -> None:
-        hb, ht = self.live.pop(id(plan), (new_hasher(), new_hasher()))
-        if plan.base is not None:
-            plan.digests["base_digest"] = hb.hexdigest()
-        if plan.target is not None:
-            plan.digests["target_digest"] = ht.hexdigest()
+def _empty_digests(plan: _Plan) -> None:
+    empty = new_hasher().hexdigest()
+    if plan.base is not None:
+        plan.digests["base_digest"] = empty
+    if plan.target is not None:
+        plan.digests["target_digest"] = empty
 
 
 def _encode_all(
     plans: list[_Plan], opts: DiffOptions, blobs: _BlobWriter, progress: Progress | None
 ) -> None:
-    digests = _Digests(opts.chunk_elements)
     for plan in plans:
         if plan.tensor.elements == 0:
-            digests.finish(plan)
-    for done in ordered_map(
-        lambda t: _run(t, opts), _tasks(plans, opts.chunk_elements), opts.threads
-    ):
-        if done.encoded is not None:
-            done.task.plan.chunks.append(blobs.add(done.encoded))
-        if digests.feed(done):
-            digests.finish(done.task.plan)
-        if progress is not None:
-            progress(sum(w.nbytes for w in (done.base, done.target) if w is not None))
+            _empty_digests(plan)
+    seq = Sequencer()
+    tasks = _tasks(plans, opts.chunk_elements)
+    try:
+        for done in ordered_map(lambda t: _run(t, opts, seq), tasks, opts.threads):
+            if done.encoded is not None:
+                done.task.plan.chunks.append(blobs.add(done.encoded))
+            if progress is not None:
+                sides = (done.task.plan.base, done.task.plan.target)
+                progress(done.task.count * sum(t.dtype.size for t in sides if t is not None))
+    except Aborted:
+        assert seq.error is not None
+        raise seq.error from None
 
 
 def _entry(plan: _Plan) -> dict[str, Any]:

@@ -8,6 +8,8 @@ so that digests can be updated sequentially.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,3 +37,50 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Itera
         finally:
             for future in pending:
                 future.cancel()
+
+
+class Aborted(Exception):
+    """Raised in a worker waiting for its turn after another worker failed."""
+
+
+class Sequencer:
+    """Runs sections of concurrent workers in task order, per stream.
+
+    Digests must be fed chunk by chunk in order, yet hashing is as costly as
+    decoding; letting each worker hash its own chunk when its turn comes keeps
+    both cores busy.  Tasks start in submission order (FIFO pool), so the
+    lowest pending index always runs and waiting never deadlocks.  After any
+    failure every waiter raises :class:`Aborted`; ``error`` is the first real
+    exception, which the caller re-raises.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next: dict[int, int] = {}
+        self.error: BaseException | None = None
+
+    @contextlib.contextmanager
+    def turn(self, stream: int, index: int) -> Iterator[None]:
+        """Hold the turn ``index`` of ``stream`` (0, 1, 2, ... in order)."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self.error is not None or self._next.get(stream, 0) == index
+            )
+            if self.error is not None:
+                raise Aborted
+        yield
+        with self._cond:
+            self._next[stream] = index + 1
+            self._cond.notify_all()
+
+    def close(self, stream: int) -> None:
+        """Forget a finished stream."""
+        with self._cond:
+            self._next.pop(stream, None)
+
+    def fail(self, exc: BaseException) -> None:
+        """Record the first failure and wake every waiter."""
+        with self._cond:
+            if self.error is None and not isinstance(exc, Aborted):
+                self.error = exc
+            self._cond.notify_all()

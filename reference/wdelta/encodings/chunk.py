@@ -77,6 +77,7 @@ def decode(
 
     ``source`` is the base (forwards) or the target (``reverse``); it is None
     for ``full`` chunks, which need no input.  ``kind`` is the transform.
+    A sparse chunk is decoded in place: ``source`` is modified and returned.
     """
     if encoding == "full":
         full: Words = np.frombuffer(payload, dtype=word, count=m)
@@ -88,6 +89,5 @@ def decode(
     pos, values = sparse.decode(payload, m, word)
     if len(pos) != changed:
         raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header {changed}")
-    out: Words = source.copy()
-    out[pos] = invert(kind, source[pos], values)
-    return out
+    source[pos] = invert(kind, source[pos], values)
+    return source
