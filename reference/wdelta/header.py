@@ -231,6 +231,11 @@ def _check_digests(entry: TensorEntry, raw: dict[str, Any]) -> None:
         raise HeaderInvalidError(f"tensor {entry.name!r}: wrong digests for op {entry.op}")
     if entry.op == "unchanged" and entry.base_digest != entry.target_digest:
         raise HeaderInvalidError(f"tensor {entry.name!r}: unchanged but digests differ")
+    if entry.op == "modified" and (
+        entry.base_digest == entry.target_digest
+        or all(c.encoding == "unchanged" for c in entry.chunks)
+    ):
+        raise HeaderInvalidError(f"tensor {entry.name!r}: modified but nothing changes")
 
 
 def _parse_chunk(raw: dict[str, Any]) -> Chunk:

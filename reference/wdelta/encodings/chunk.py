@@ -36,13 +36,13 @@ def encode_full(words: Words, level: int) -> Encoded:
     return _store({"encoding": "full", "changed": len(words)}, words.tobytes(), level)
 
 
-def _pick_transform(base: Words, target: Words, pos: np.ndarray[Any, Any]) -> tuple[str, Words]:
-    at = estimate.sample(pos)
-    b, t = base[at], target[at]
+def _pick_transform(base_at: Words, target_at: Words) -> tuple[str, Words]:
+    """The transform whose values look cheaper, and the values at the positions."""
+    b, t = estimate.sample(base_at), estimate.sample(target_at)
     xor_bits = estimate.value_bits(np.bitwise_xor(b, t))
     sub_bits = estimate.value_bits(transform.encode("sub", b, t))
     kind = "sub" if sub_bits < xor_bits else "xor"
-    return kind, transform.encode(kind, base[pos], target[pos])
+    return kind, transform.encode(kind, base_at, target_at)
 
 
 # Below this density the sparse coding is within a few percent of the position
@@ -57,7 +57,7 @@ def encode_modified(base: Words, target: Words, level: int, allow_full: bool) ->
     m, c = len(base), len(pos)
     if c == 0:
         return Encoded({"encoding": "unchanged", "changed": 0}, None)
-    kind, values = _pick_transform(base, target, pos)
+    kind, values = _pick_transform(base[pos], target[pos])
     fields = {"encoding": "sparse", "changed": c, "transform": kind}
     plan = sparse.plan_positions(pos, m)
     candidates = [_store(fields, sparse.encode(pos, values, m, plan), level)]
