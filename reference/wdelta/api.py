@@ -45,7 +45,8 @@ def diff(
     reversible: bool = True, progress: Progress | None = None,
 ) -> Path:  # fmt: skip
     """Encode the delta from ``base`` to ``target`` into the file ``out``."""
-    opts = DiffOptions(level, threads, chunk_elements or DiffOptions.chunk_elements, reversible)
+    chunks = DiffOptions.chunk_elements if chunk_elements is None else chunk_elements
+    opts = DiffOptions(level, threads, chunks, reversible)
     with _checkpoint(base) as b, _checkpoint(target) as t:
         return diff_checkpoints(b, t, Path(out), opts, progress)
 

@@ -15,6 +15,7 @@ import blake3
 
 CHECKPOINT_DOMAIN = b"wdelta-checkpoint-v1\n"
 DIGEST_HEX_LEN = 64
+EMPTY_DIGEST = str(blake3.blake3(b"").hexdigest())
 # Inputs this large are hashed with BLAKE3's own threads; smaller ones are not
 # worth the thread start-up.
 _THREADED_MIN_BYTES = 1 << 22

@@ -9,14 +9,13 @@ SPEC.md section 4 (ops, chunk counts, blob contiguity, layouts, digests).
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
 
-from . import schemas
-from .digest import TensorIdentity, checkpoint_digest
+from . import schemas, strictjson
+from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest
 from .dtypes import DType, lookup
 from .encodings.codec import CODECS
 from .encodings.sparse import max_raw_length
@@ -103,21 +102,9 @@ class Header:
         return start, min(self.chunk_elements, tensor.elements - start)
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise HeaderInvalidError(f"duplicate key {key!r} in the header")
-        out[key] = value
-    return out
-
-
 def load_json(data: bytes) -> dict[str, Any]:
-    """Decode header bytes (JSON then trailing spaces) into a dict."""
-    try:
-        raw = json.loads(data.decode("utf-8"), object_pairs_hook=_reject_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HeaderInvalidError(f"header is not valid UTF-8 JSON: {exc}") from exc
+    """Decode header bytes (JSON then trailing whitespace) into a dict."""
+    raw = strictjson.loads(data, HeaderInvalidError, "header")
     if not isinstance(raw, dict):
         raise HeaderInvalidError("header must be a JSON object")
     return raw
@@ -131,7 +118,7 @@ def parse_header(data: bytes, data_length: int) -> Header:
         raise UnsupportedVersionError(f"header version {version!r}; this reader implements 1")
     features = raw.get("required_features")
     if isinstance(features, list):
-        unknown = sorted(str(f) for f in features if f not in KNOWN_FEATURES)
+        unknown = sorted(f for f in features if isinstance(f, str) and f not in KNOWN_FEATURES)
         if unknown:
             raise UnsupportedFeatureError(f"unknown required features: {', '.join(unknown)}")
     try:
@@ -205,7 +192,7 @@ def _parse_tensor(raw: dict[str, Any], chunk_elements: int) -> TensorEntry:
         name, op, dtype, shape, raw.get("base_digest"), raw.get("target_digest"),
         tuple(_parse_chunk(c) for c in raw.get("chunks", ())),
     )  # fmt: skip
-    if entry.elements > MAX_ELEMENTS:
+    if entry.elements > MAX_ELEMENTS or any(dim > MAX_ELEMENTS for dim in shape):
         raise LimitExceededError(
             f"tensor {name!r}: {entry.elements} elements exceeds {MAX_ELEMENTS}"
         )
@@ -231,6 +218,8 @@ def _check_digests(entry: TensorEntry, raw: dict[str, Any]) -> None:
         raise HeaderInvalidError(f"tensor {entry.name!r}: wrong digests for op {entry.op}")
     if entry.op == "unchanged" and entry.base_digest != entry.target_digest:
         raise HeaderInvalidError(f"tensor {entry.name!r}: unchanged but digests differ")
+    if entry.elements == 0 and {entry.base_digest, entry.target_digest} - {None, EMPTY_DIGEST}:
+        raise HeaderInvalidError(f"tensor {entry.name!r}: an empty tensor's digest is BLAKE3('')")
     if entry.op == "modified" and (
         entry.base_digest == entry.target_digest
         or all(c.encoding == "unchanged" for c in entry.chunks)
@@ -277,3 +266,7 @@ def _check_chunk(t: TensorEntry, i: int, c: Chunk, m: int) -> None:
         raise HeaderInvalidError(f"{where}: raw_length {c.raw_length}, expected {limit}")
     if c.codec == "none" and c.length != c.raw_length:
         raise HeaderInvalidError(f"{where}: codec none with length != raw_length")
+    # Encoders store a payload that zstd does not shrink with codec none, which
+    # bounds every stored blob by its raw_length (and so by the chunk size).
+    if c.codec == "zstd" and c.length >= c.raw_length:
+        raise HeaderInvalidError(f"{where}: zstd blob not smaller than its raw_length")

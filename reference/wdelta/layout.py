@@ -7,10 +7,10 @@ checkpoint digest itself does not depend on them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from . import strictjson
 from .checkpoint.safetensors_header import FileLayout, parse_header
 from .dtypes import DType
 from .errors import CheckpointInvalidError, HeaderInvalidError
@@ -43,10 +43,7 @@ class SideLayout:
 
 
 def _weight_map(index: tuple[str, str]) -> dict[str, str]:
-    try:
-        doc = json.loads(index[1])
-    except json.JSONDecodeError as exc:
-        raise HeaderInvalidError(f"index {index[0]} is not JSON: {exc}") from exc
+    doc = strictjson.loads(index[1], HeaderInvalidError, f"index {index[0]}")
     wmap = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wmap, dict):
         raise HeaderInvalidError(f"index {index[0]} has no weight_map")

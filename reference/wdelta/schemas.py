@@ -35,7 +35,14 @@ def load(name: str) -> dict[str, Any]:
 def validator(name: str) -> jsonschema.protocols.Validator:
     """A compiled validator for schema ``name``."""
     schema = load(name)
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
+    base = jsonschema.validators.validator_for(schema)
+    base.check_schema(schema)
+    # JSON Schema counts 4096.0 as an integer; wdelta does not (SPEC.md §4.1).
+    checker = base.TYPE_CHECKER.redefine("integer", _is_integer)
+    cls = jsonschema.validators.extend(base, type_checker=checker)
     v: jsonschema.protocols.Validator = cls(schema)
     return v
+
+
+def _is_integer(checker: object, value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

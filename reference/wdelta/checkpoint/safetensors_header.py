@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .. import strictjson
 from ..dtypes import DTYPES, UNSUPPORTED, DType
 from ..errors import CheckpointInvalidError, LimitExceededError, UnsupportedFeatureError
 
@@ -57,15 +58,6 @@ class FileLayout:
         return max((t.end for t in self.tensors), default=0)
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise CheckpointInvalidError(f"duplicate key {key!r} in safetensors header")
-        out[key] = value
-    return out
-
-
 def _parse_shape(name: str, raw: Any) -> tuple[int, ...]:
     if not isinstance(raw, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
@@ -74,7 +66,7 @@ def _parse_shape(name: str, raw: Any) -> tuple[int, ...]:
     n = 1
     for dim in raw:
         n *= dim
-    if n > MAX_ELEMENTS:
+    if n > MAX_ELEMENTS or any(dim > MAX_ELEMENTS for dim in raw):
         raise LimitExceededError(f"tensor {name!r}: {n} elements exceeds the limit {MAX_ELEMENTS}")
     return tuple(raw)
 
@@ -85,9 +77,11 @@ def _parse_tensor(name: str, info: Any) -> TensorLayout:
             f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets"
         )
     dtype_name = info["dtype"]
+    if not isinstance(dtype_name, str):
+        raise CheckpointInvalidError(f"tensor {name!r}: dtype must be a string")
     if dtype_name in UNSUPPORTED:
         raise UnsupportedFeatureError(f"tensor {name!r}: dtype {dtype_name} is not supported")
-    dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+    dtype = DTYPES.get(dtype_name)
     if dtype is None:
         raise CheckpointInvalidError(f"tensor {name!r}: unknown dtype {dtype_name!r}")
     shape = _parse_shape(name, info["shape"])
@@ -112,11 +106,8 @@ def parse_header(header_bytes: bytes) -> FileLayout:
 
     Offsets must tile ``[0, data_length)`` exactly, in any order.
     """
-    try:
-        text = header_bytes.decode("utf-8")
-        raw = json.loads(text, object_pairs_hook=_reject_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointInvalidError(f"safetensors header is not valid UTF-8 JSON: {exc}") from exc
+    raw = strictjson.loads(header_bytes, CheckpointInvalidError, "safetensors header")
+    text = header_bytes.decode("utf-8")
     if not isinstance(raw, dict):
         raise CheckpointInvalidError("safetensors header must be a JSON object")
     metadata = raw.pop("__metadata__", None)

@@ -8,7 +8,6 @@ buffers, so memory grows with the chunk being read, never with the file.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -18,11 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from .. import strictjson
 from ..dtypes import DType, from_numpy
 from ..errors import CheckpointInvalidError, StorageError, TruncatedError
 from .safetensors_header import MAX_HEADER_BYTES, FileLayout, build_header, parse_header
 
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# File names a delta can record (SPEC.md §4.9): no paths, no leading dot.
+SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors$")
+INDEX_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors\.index\.json$")
 SINGLE_FILE_NAME = "model.safetensors"
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 
@@ -148,18 +150,21 @@ def _find_index(folder: Path) -> Path | None:
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
         raise CheckpointInvalidError(f"{folder}: more than one *.safetensors.index.json")
+    if indexes and not INDEX_NAME.match(indexes[0].name):
+        raise CheckpointInvalidError(f"{indexes[0]}: index file name is not portable")
     return indexes[0] if indexes else None
 
 
 def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
     try:
-        text = index_path.read_text(encoding="utf-8")
-        index = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointInvalidError(f"{index_path}: unreadable index: {exc}") from exc
+        data = index_path.read_bytes()
+    except OSError as exc:
+        raise StorageError(f"{index_path}: {exc}") from exc
+    index = strictjson.loads(data, CheckpointInvalidError, str(index_path))
+    text = data.decode("utf-8")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(
-        isinstance(v, str) and SAFE_NAME.match(v) for v in weight_map.values()
+        isinstance(v, str) and SHARD_NAME.match(v) for v in weight_map.values()
     ):
         raise CheckpointInvalidError(f"{index_path}: weight_map must map names to shard files")
     ckpt.index = (index_path.name, text)
@@ -171,6 +176,11 @@ def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
     listed = {t.name: f for f, lay in ckpt.files.items() for t in lay.tensors}
     if listed != weight_map:
         raise CheckpointInvalidError(f"{index_path}: weight_map disagrees with the shards")
+
+
+def recorded_name(path: Path) -> str:
+    """The name a single-file checkpoint is recorded under in a delta."""
+    return path.name if SHARD_NAME.match(path.name) else SINGLE_FILE_NAME
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -188,9 +198,9 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
                     raise CheckpointInvalidError(
                         f"{p}: a folder needs an index file or exactly one .safetensors file"
                     )
-                _add_file(ckpt, files[0], files[0].name)
+                _add_file(ckpt, files[0], recorded_name(files[0]))
         elif p.exists():
-            _add_file(ckpt, p, SINGLE_FILE_NAME if not SAFE_NAME.match(p.name) else p.name)
+            _add_file(ckpt, p, recorded_name(p))
         else:
             raise StorageError(f"{p}: no such file or folder")
     except BaseException:

@@ -75,6 +75,10 @@ def rice_decode(
     if (int(ones[-1]) >> 3) + 1 != len(unary):
         raise EncodingInvalidError("unary stream has trailing bytes after its last code")
     gaps = gaps_of(ones.astype(np.int64))
+    # A quotient this large already puts the position past the chunk; refusing
+    # it before shifting keeps the int64 arithmetic below from overflowing.
+    if int(gaps.max()) > (m - 1) >> k:
+        raise IndexOutOfRangeError(f"a Rice quotient puts a position past the chunk of {m}")
     if k:
         rbits = _unpack_exact(
             remainders, count * k, "remainder stream", EncodingInvalidError
