@@ -41,10 +41,14 @@ def _checkpoint(source: CheckpointLike) -> Iterator[Checkpoint]:
 
 def diff(
     base: CheckpointLike, target: CheckpointLike, out: PathLike, *,
-    level: int = 3, threads: int = 2, chunk_elements: int | None = None,
+    level: int | None = None, threads: int = 2, chunk_elements: int | None = None,
     reversible: bool = True, progress: Progress | None = None,
 ) -> Path:  # fmt: skip
-    """Encode the delta from ``base`` to ``target`` into the file ``out``."""
+    """Encode the delta from ``base`` to ``target`` into the file ``out``.
+
+    ``level`` is the zstd level of every blob; None picks per blob (level 3
+    for payloads up to 1 MiB, level 1 above, see ``codec.auto_level``).
+    """
     chunks = DiffOptions.chunk_elements if chunk_elements is None else chunk_elements
     opts = DiffOptions(level, threads, chunks, reversible)
     with _checkpoint(base) as b, _checkpoint(target) as t:

@@ -117,6 +117,15 @@ def _add_common(p: argparse.ArgumentParser, threads: bool = True) -> None:
                        help="worker threads (default: 2)")  # fmt: skip
 
 
+def _level(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a zstd level: {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``wdelta`` command."""
     parser = _Parser(prog="wdelta", description="Bit-exact weight deltas between checkpoints.")
@@ -126,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("base")
     p.add_argument("target")
     p.add_argument("-o", "--output", required=True, help="the .wdelta file to write")
-    p.add_argument("--level", type=int, default=3, help="zstd level (default 3)")
+    p.add_argument("--level", type=_level, default=None,
+                   help="zstd level -7..22, or auto (default: 3 up to 1 MiB, else 1)")  # fmt: skip
     p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
     p.add_argument("--no-reverse", action="store_true",
                    help="allow full chunks and drop removed tensors (not reversible)")  # fmt: skip

@@ -90,13 +90,13 @@ class _Done:
 
 @dataclass(frozen=True)
 class DiffOptions:
-    """Encoder settings: zstd ``level``, worker ``threads``, chunk size in elements.
+    """Encoder settings: zstd ``level`` (None: auto), ``threads``, chunk size in elements.
 
     ``reversible`` keeps every modified chunk as a transform and stores
     removed tensors, so that the delta also applies target -> base.
     """
 
-    level: int = 3
+    level: int | None = None
     threads: int = 2
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
     reversible: bool = True
@@ -104,7 +104,7 @@ class DiffOptions:
     def check(self) -> None:
         if not 1 <= self.chunk_elements <= MAX_CHUNK_ELEMENTS:
             raise BadArgumentError(f"chunk_elements must be in 1..{MAX_CHUNK_ELEMENTS}")
-        if not -7 <= self.level <= 22:
+        if self.level is not None and not -7 <= self.level <= 22:
             raise BadArgumentError("zstd level must be in -7..22")
         if self.threads < 1:
             raise BadArgumentError("threads must be >= 1")
@@ -240,6 +240,7 @@ def _header_bytes(
         "version": FORMAT_VERSION,
         "required_features": [],
         "generator": f"wdelta-py/{__version__}",
+        "zstd_level": "auto" if opts.level is None else opts.level,
         "chunk_elements": opts.chunk_elements,
         "reversible": reversible,
         "base": _side(base, entries, "base"),

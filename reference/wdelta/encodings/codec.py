@@ -25,9 +25,27 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     return cache[level]
 
 
-def compress(raw: bytes, level: int) -> tuple[str, bytes]:
-    """(codec, stored bytes): zstd unless it would not shrink the payload."""
-    stored = _compressor(level).compress(raw)
+# Level used for payloads above AUTO_LARGE_BYTES under the "auto" policy.
+# Measured on RL-like bf16 steps: sparse payloads of 10-30% density are 1-3%
+# smaller at level 1 than at 3 and compress 3-4x faster (level 3's match
+# finder chases the many short repeats of low-entropy value planes), while
+# the small payloads of sparse chunks below ~5% density are 1-2% smaller at 3.
+AUTO_SMALL_LEVEL = 3
+AUTO_LARGE_LEVEL = 1
+AUTO_LARGE_BYTES = 1 << 20
+
+
+def auto_level(raw_length: int) -> int:
+    """The zstd level the "auto" policy (level None) uses for a payload."""
+    return AUTO_LARGE_LEVEL if raw_length > AUTO_LARGE_BYTES else AUTO_SMALL_LEVEL
+
+
+def compress(raw: bytes, level: int | None) -> tuple[str, bytes]:
+    """(codec, stored bytes): zstd unless it would not shrink the payload.
+
+    ``level`` None selects :func:`auto_level` per payload.
+    """
+    stored = _compressor(auto_level(len(raw)) if level is None else level).compress(raw)
     if len(stored) >= len(raw):
         return "none", raw
     return "zstd", stored

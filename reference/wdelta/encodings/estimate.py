@@ -18,7 +18,7 @@ SAMPLE = 1 << 16
 def sample(words: Words) -> Words:
     """At most SAMPLE words, evenly strided."""
     step = max(1, len(words) // SAMPLE)
-    return words[::step]
+    return np.ascontiguousarray(words[::step])
 
 
 def entropy_bits(counts: np.ndarray[Any, Any]) -> float:

@@ -30,11 +30,15 @@ def max_raw_length(m: int, size: int) -> int:
 
 @dataclass(frozen=True)
 class PositionPlan:
-    """The cheaper position coding for a chunk, its Rice k and its exact size."""
+    """The cheaper position coding for a chunk, its Rice k and exact size.
+
+    ``gaps`` caches the gaps computed while planning (None: derive from positions).
+    """
 
     coding: int
     k: int
     nbytes: int
+    gaps: Positions | None = None
 
 
 def plan_positions(pos: Positions, m: int) -> PositionPlan:
@@ -44,7 +48,9 @@ def plan_positions(pos: Positions, m: int) -> PositionPlan:
     k = positions.best_rice_k(gaps)
     unary_bits = positions.rice_bits(gaps, k) - len(gaps) * k
     rice = 8 + (unary_bits + 7) // 8 + (len(gaps) * k + 7) // 8
-    return PositionPlan(RICE, k, rice) if rice < bitmap else PositionPlan(BITMAP, 0, bitmap)
+    if rice < bitmap:
+        return PositionPlan(RICE, k, rice, gaps)
+    return PositionPlan(BITMAP, 0, bitmap, gaps)
 
 
 def encode(pos: Positions, values: Words, m: int, plan: PositionPlan) -> bytes:
@@ -55,9 +61,16 @@ def encode(pos: Positions, values: Words, m: int, plan: PositionPlan) -> bytes:
         body = positions.bitmap_encode(pos, m)
         return head + body + planes.split(values)
     k = plan.k
-    unary, rem = positions.rice_encode(positions.gaps_of(pos), k)
+    gaps = plan.gaps if plan.gaps is not None else positions.gaps_of(pos)
+    unary, rem = positions.rice_encode(gaps, k)
     head = _HEAD.pack(RICE, k, bytes(6), count) + struct.pack("<Q", len(unary))
     return head + unary + rem + planes.split(values)
+
+
+def encode_mask(mask: np.ndarray[Any, np.dtype[np.bool_]], values: Words) -> bytes:
+    """Bitmap payload straight from a changed-element mask (no positions needed)."""
+    head = _HEAD.pack(BITMAP, 0, bytes(6), len(values))
+    return head + np.packbits(mask, bitorder="little").tobytes() + planes.split(values)
 
 
 def decode(payload: bytes | memoryview, m: int, word: np.dtype[Any]) -> tuple[Positions, Words]:
