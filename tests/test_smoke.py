@@ -6,6 +6,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+
 import wdelta
 
 

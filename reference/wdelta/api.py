@@ -8,10 +8,11 @@ ml_dtypes dtypes).  All file outputs are atomic.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, TypeVar, Union, cast
 
 import numpy as np
 
@@ -21,11 +22,27 @@ from .checkpoint.source import Checkpoint, from_arrays, open_checkpoint
 from .container import DeltaFile, open_delta
 from .dtypes import to_numpy
 from .encoder import DiffOptions, Progress, diff_checkpoints
-from .errors import BadArgumentError
+from .errors import BadArgumentError, StorageError
 from .layout import SideLayout
 
 PathLike = Union[str, "os.PathLike[str]"]
 CheckpointLike = Union[PathLike, Mapping[str, "np.ndarray[Any, Any]"], Checkpoint]  # noqa: UP007
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _storage_errors(func: F) -> F:
+    """Report operating-system errors (disk full, missing folder) as StorageError."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except OSError as exc:
+            raise StorageError(str(exc)) from exc
+
+    return cast(F, wrapper)
 
 
 @contextlib.contextmanager
@@ -39,6 +56,7 @@ def _checkpoint(source: CheckpointLike) -> Iterator[Checkpoint]:
             yield ckpt
 
 
+@_storage_errors
 def diff(
     base: CheckpointLike, target: CheckpointLike, out: PathLike, *,
     level: int | None = None, threads: int = 2, chunk_elements: int | None = None,
@@ -104,6 +122,7 @@ def _apply_to_arrays(
     }
 
 
+@_storage_errors
 def apply(
     base: CheckpointLike, delta: PathLike, out: PathLike | None = None, *,
     reverse: bool = False, threads: int = 2, progress: Progress | None = None,
@@ -126,6 +145,7 @@ def apply(
         return Path(out)
 
 
+@_storage_errors
 def verify(
     delta: PathLike, base: CheckpointLike | None = None, *, threads: int = 2,
     progress: Progress | None = None,

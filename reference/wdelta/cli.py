@@ -16,7 +16,9 @@ from typing import Any, NoReturn
 
 from . import api
 from ._version import __version__
+from .chain import cli as chain_cli
 from .checkpoint.source import open_checkpoint
+from .conformance import cli as conformance_cli
 from .container import open_delta
 from .errors import BadArgumentError, StorageError, WdeltaError
 from .inspect import DeltaSummary, summarize
@@ -158,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", default=None)
     _add_common(p)
     p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser("conformance", help="run the conformance suite against an implementation")
+    conformance_cli.add_subcommands(p)
+    p.set_defaults(func=conformance_cli.run_command)
+    chain_cli.register(sub)
     return parser
 
 

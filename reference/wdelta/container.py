@@ -116,6 +116,9 @@ def open_delta(path: str | os.PathLike[str]) -> DeltaFile:
         if blake3.blake3(header_bytes).digest() != digest:
             raise ChecksumMismatchError("header digest mismatch: the header is corrupt")
         header = parse_header(bytes(header_bytes), d)
+    except OSError as exc:
+        os.close(fd)
+        raise StorageError(f"cannot read {p}: {exc}") from exc
     except BaseException:
         os.close(fd)
         raise

@@ -152,6 +152,9 @@ class _Decoder:
         if step.src_digest is not None:
             src = self.ckpt.tensors[entry.name].read(task.start, task.count)
             self._hash(task, 0, src)
+        if step.dst_digest is None and entry.chunks:
+            # Not needed for the output, but any corrupted byte must be refused.
+            self.delta.payload(entry.chunks[task.index])
         if step.dst_digest is not None:
             dst = self._decode(task, src)
             if entry.op != "unchanged":

@@ -233,9 +233,9 @@ def _header_bytes(
     base: Checkpoint, target: Checkpoint, plans: list[_Plan], opts: DiffOptions
 ) -> bytes:
     entries = [_entry(p) for p in plans]
-    reversible = opts.reversible and all(
+    reversible = all(
         c["encoding"] != "full" for e in entries if e["op"] == "modified" for c in e["chunks"]
-    )
+    ) and all("chunks" in e for e in entries if e["op"] == "removed")
     doc = {
         "version": FORMAT_VERSION,
         "required_features": [],

@@ -121,11 +121,7 @@ def parse_header(data: bytes, data_length: int) -> Header:
         unknown = sorted(f for f in features if isinstance(f, str) and f not in KNOWN_FEATURES)
         if unknown:
             raise UnsupportedFeatureError(f"unknown required features: {', '.join(unknown)}")
-    try:
-        schemas.validator("delta-header").validate(raw)
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise HeaderInvalidError(f"schema violation at {where}: {exc.message}") from exc
+    _validate_schema(raw)
     chunk_elements = raw["chunk_elements"]
     if chunk_elements > MAX_CHUNK_ELEMENTS:
         raise LimitExceededError(f"chunk_elements {chunk_elements} exceeds {MAX_CHUNK_ELEMENTS}")
@@ -148,6 +144,38 @@ def parse_header(data: bytes, data_length: int) -> Header:
         if checkpoint_digest(t.identity(side) for t in entries) != raw[side]["digest"]:
             raise HeaderInvalidError(f"{side} digest does not match its tensor digests")
     return header
+
+
+def _validate_schema(raw: dict[str, Any]) -> None:
+    """Apply schema/delta-header.schema.json; chunk entries by the compiled checker.
+
+    jsonschema costs ~0.3 ms per chunk entry, minutes for a 1T-parameter
+    model, so chunk lists are lifted out and checked against the same
+    ``$defs/chunk`` by :class:`schemas.FlatChecker`.
+    """
+    tensors = raw.get("tensors")
+    chunk_lists: list[tuple[int, Any]] = []
+    stripped = raw
+    if isinstance(tensors, list):
+        chunk_lists = [
+            (i, t["chunks"]) for i, t in enumerate(tensors)
+            if isinstance(t, dict) and isinstance(t.get("chunks"), list)
+        ]  # fmt: skip
+        lifted = {i for i, _ in chunk_lists}
+        stripped = {**raw, "tensors": [
+            {**t, "chunks": []} if i in lifted else t for i, t in enumerate(tensors)
+        ]}  # fmt: skip
+    try:
+        schemas.validator("delta-header").validate(stripped)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise HeaderInvalidError(f"schema violation at {where}: {exc.message}") from exc
+    checker = schemas.flat_checker("delta-header", "chunk")
+    for i, chunks in chunk_lists:
+        for j, chunk in enumerate(chunks):
+            error = checker.errors(chunk)
+            if error is not None:
+                raise HeaderInvalidError(f"schema violation at tensors/{i}/chunks/{j}: {error}")
 
 
 def _tensor_reversible(t: TensorEntry) -> bool:

@@ -216,7 +216,9 @@ def from_arrays(
     tensors: dict[str, Tensor] = {}
     for name, array in arrays.items():
         dtype = from_numpy(array.dtype)
-        flat = np.ascontiguousarray(array).reshape(-1).view(dtype.word)
+        # safetensors stores little-endian words; convert, never reinterpret.
+        little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+        flat = np.ascontiguousarray(little).reshape(-1).view(dtype.word)
         tensors[name] = Tensor(name, dtype, tuple(array.shape), _array=flat)
     layout = build_header([(t.name, t.dtype, t.shape) for t in tensors.values()], metadata)
     return Checkpoint(tensors, {SINGLE_FILE_NAME: layout})

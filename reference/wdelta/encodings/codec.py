@@ -14,6 +14,7 @@ import zstandard
 from ..errors import EncodingInvalidError, UnsupportedFeatureError
 
 CODECS = ("zstd", "none")
+MAX_WINDOW = 1 << 27
 _local = threading.local()
 
 
@@ -67,6 +68,9 @@ def decompress(codec: str, stored: bytes, raw_length: int) -> bytes:
         raise EncodingInvalidError(
             f"zstd frame declares {declared} bytes, header says {raw_length}"
         )
+    params = zstandard.get_frame_parameters(stored)
+    if params.window_size > MAX_WINDOW or params.dict_id:
+        raise EncodingInvalidError("zstd frame needs a dictionary or a window over 128 MiB")
     dobj = zstandard.ZstdDecompressor().decompressobj()
     try:
         raw = dobj.decompress(stored)

@@ -1,0 +1,213 @@
+"""Encoder cases: (base, target) pairs a candidate encoder must turn into a delta.
+
+The delta must be accepted by the reference reader, apply with the reference
+decoder to the exact target files, apply in reverse to the exact base files
+when it says it is reversible, and be at most ``3/2 * R + 1024`` bytes, R
+being the size of the reference encoder's delta (recorded per case).
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import wdelta
+from wdelta.dtypes import DTYPES
+
+from . import checkpoints as ck
+from .common import Pair
+from .edge import changed, same
+from .layouts import BASE_HEADER, NAMES, TARGET_HEADER, shard_tensors
+from .positions import GAP_N
+from .rand import random_bytes, random_words
+from .special import special_pair
+from .suite import Suite, invalid, output_expect
+from .values import SPECIALS
+
+SIZE_BOUND = {"factor_num": 3, "factor_den": 2, "slack_bytes": 1024}
+RULE = (
+    "an encoder MUST write files that satisfy every rule of §3 to §9 and that, decoded "
+    "forward from the base, rebuild the target's files byte for byte (and the base's, in "
+    "reverse, when reversible is true)"
+)
+TensorPairs = list[tuple[ck.TensorData, ck.TensorData]]
+
+
+def max_delta_bytes(reference: int) -> int:
+    """The size bound for a candidate encoder's delta."""
+    b = SIZE_BOUND
+    return reference * b["factor_num"] // b["factor_den"] + b["slack_bytes"]
+
+
+def _pair(name: str, pairs: TensorPairs) -> Pair:
+    return Pair(name, ck.single([p[0] for p in pairs]), ck.single([p[1] for p in pairs]))
+
+
+def bf16_weights(label: str, n: int) -> np.ndarray[Any, Any]:
+    """BF16 words shaped like trained weights: random sign and mantissa, exponents 2^-8..2^-1."""
+    words = np.frombuffer(random_bytes(label, 2 * n), dtype="<u2").astype(np.uint16)
+    exponent = (0x77 + ((words >> 7) & 7)).astype(np.uint16)
+    return (words & 0x807F) | (exponent << 7)
+
+
+def finetune() -> Pair:
+    """3% of a bf16 matrix moves by -3..+3 ulp; a bias changes, a norm does not."""
+    w = bf16_weights("enc/ft/w", 64 * 256)
+    hit = np.frombuffer(random_bytes("enc/ft/hit", 2 * w.size), dtype="<u2") < 2000
+    step = (random_words("enc/ft/step", w.size, 1) % 7).astype(np.int32) - 3
+    moved = np.where(hit, (w.astype(np.int32) + step) & 0xFFFF, w)
+    bias, norm = random_words("enc/ft/bias", 256, 4), random_words("enc/ft/norm", 256, 4)
+    base = [
+        ck.tensor("layer.0.w", "BF16", (64, 256), w),
+        ck.tensor("layer.0.b", "F32", (256,), bias),
+        ck.tensor("norm", "F32", (256,), norm),
+    ]
+    target = [ck.tensor("layer.0.w", "BF16", (64, 256), moved),
+              ck.tensor("layer.0.b", "F32", (256,), bias ^ 1), base[2]]  # fmt: skip
+    return Pair("enc-finetune", ck.single(base), ck.single(target))
+
+
+def specials() -> Pair:
+    pairs: TensorPairs = []
+    for dtype in SPECIALS:
+        sp = special_pair(dtype)
+        b, t = sp.base.tensors[0], sp.target.tensors[0]
+        pairs.append((ck.TensorData(f"x.{dtype}", dtype, b.shape, b.data),
+                      ck.TensorData(f"x.{dtype}", dtype, t.shape, t.data)))  # fmt: skip
+    signs = np.array([0, 0x80000000] * 2)
+    pairs.append(
+        (ck.tensor("z", "F32", (4,), signs), ck.tensor("z", "F32", (4,), signs ^ 0x80000000))
+    )
+    return _pair("enc-specials", pairs)
+
+
+def shapes() -> Pair:
+    empty = ck.tensor("e", "F16", (0, 4), np.zeros(0))
+    scalar, one = changed("enc", "s", "F64", (), 1.0), changed("enc", "one", "I8", (1,), 1.0)
+    return _pair("enc-shapes", [scalar, one, (empty, empty)])
+
+
+def ops() -> Pair:
+    w = same("enc", "w", "F32", (4, 4))
+    base = [same("enc", "gone", "U16", (3,)), w]
+    target = [same("enc", "new", "BF16", (5,)), ck.TensorData("w", "BF16", (16,), w.data[:32])]
+    return Pair("enc-ops", ck.single(base), ck.single(target))
+
+
+def sharded(single_target: bool) -> Pair:
+    base_t, target_t = shard_tensors()
+    shard_of = {"a": "m-1.safetensors", "b": "m-2.safetensors", "c": "m-2.safetensors",
+                "d": "m-1.safetensors", "e": "m-3.safetensors"}  # fmt: skip
+    base = ck.sharded(base_t, {k: v for k, v in shard_of.items() if k != "e"})
+    if single_target:
+        return Pair("enc-sharded-to-single", base, ck.single(target_t))
+    return Pair(
+        "enc-sharded", base, ck.sharded(target_t, {k: v for k, v in shard_of.items() if k != "c"})
+    )
+
+
+def exact_header() -> Pair:
+    a, b = changed("exact", "a", "F32", (2, 2), 0.5), changed("exact", "b", "F16", (3,), 0.5)
+    return Pair("enc-exact-header", ck.with_header([a[0], b[0]], BASE_HEADER),
+                ck.with_header([a[1], b[1]], TARGET_HEADER))  # fmt: skip
+
+
+PAIRS: dict[str, tuple[Callable[[], Pair], str]] = {
+    "finetune-bf16": (finetune, "a small fine-tuning step on bf16 weights"),
+    "all-dtypes": (lambda: _pair("enc-dtypes", [changed("enc", f"t.{d}", d, (7, 9), 0.3)
+                                                for d in DTYPES]), "every dtype, 30% changed"),
+    "special-values": (specials, "NaN payload changes and +0.0 <-> -0.0 are changes"),
+    "identical": (lambda: _pair("enc-identical", [(same("enc", "w", "F32", (50,)),) * 2]),
+                  "base and target identical"),
+    "shapes": (shapes, "0-d, one-element and empty tensors"),
+    "ops": (ops, "an added, a removed and a retyped-and-reshaped tensor"),
+    "sharded": (lambda: sharded(False), "sharded checkpoints, resharded"),
+    "sharded-to-single": (lambda: sharded(True), "a sharded base, a single-file target"),
+    "exact-header": (exact_header, "non-canonical safetensors headers to reproduce exactly"),
+    "utf8-names": (lambda: _pair("enc-names", [changed("enc", n, "BF16", (5,), 0.4, (1,))
+                                               for n in NAMES]),
+                   "names whose UTF-8 and UTF-16 orders differ"),
+    "all-changed": (lambda: _pair("enc-dense", [changed("enc", "w", "F32", (40, 40), 1.0)]),
+                    "every element changed"),
+    "one-change-far": (lambda: _pair("enc-far", [changed("enc", "w", "U8", (GAP_N,), 0.0,
+                                                         (GAP_N - 1,))]),
+                       f"one change at element {GAP_N - 1}"),
+}  # fmt: skip
+
+
+def write_checkpoint(ckpt: ck.Checkpoint, folder: Path, name: str) -> Path:
+    """Write ``ckpt`` under ``folder`` as a file, or a folder when sharded."""
+    files = ckpt.file_bytes()
+    if ckpt.index is None:
+        ((data,),) = [tuple(files.values())]
+        path = folder / f"{name}.safetensors"
+        path.write_bytes(data)
+        return path
+    path = folder / name
+    path.mkdir()
+    for fname, data in files.items():
+        (path / fname).write_bytes(data)
+    return path
+
+
+def reference_size(pair: Pair) -> int:
+    """Bytes of the reference encoder's delta with its default settings."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        base = write_checkpoint(pair.base, folder, "base")
+        target = write_checkpoint(pair.target, folder, "target")
+        return wdelta.diff(base, target, folder / "ref.wdelta", threads=1).stat().st_size
+
+
+def add_encoder_cases(suite: Suite) -> None:
+    """Valid encoder cases with the reference encoder's size, then invalid inputs."""
+    for name, (make, what) in PAIRS.items():
+        pair = make()
+        base, target = pair.paths(suite)
+        size = reference_size(pair)
+        expect = {"outcome": "valid", "output": output_expect(pair.target),
+                  "reverse_output": output_expect(pair.base), "reference_delta_bytes": size,
+                  "max_delta_bytes": max_delta_bytes(size)}  # fmt: skip
+        suite.add(f"encoder/{name}", "encoder", what, "§11.1", RULE,
+                  {"base": base, "target": target}, expect)  # fmt: skip
+    _add_invalid_inputs(suite)
+
+
+def _safetensors(header: str, data: bytes) -> bytes:
+    raw = header.encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+BROKEN_TARGETS = {
+    "target-truncated": (None, "checkpoint-invalid", "the target file misses its last byte"),
+    "target-not-safetensors": (b"PK\x03\x04 not a safetensors file", "checkpoint-invalid",
+                               "the target is not a safetensors file"),
+    "target-overlapping-offsets": (_safetensors(
+        '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+        '"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}', bytes(6)), "checkpoint-invalid",
+        "two tensors whose data_offsets overlap"),
+    "target-duplicate-name": (_safetensors(
+        '{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},'
+        '"a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}}', bytes(4)), "checkpoint-invalid",
+        "a tensor name twice in the safetensors header"),
+    "target-dtype-f4": (_safetensors('{"a":{"dtype":"F4","shape":[4],"data_offsets":[0,2]}}',
+                                     bytes(2)), "unsupported-feature",
+                        "a tensor of dtype F4 (not supported by v1)"),
+}  # fmt: skip
+
+
+def _add_invalid_inputs(suite: Suite) -> None:
+    pair = _pair("enc-small", [changed("enc", "w", "F32", (8,), 0.5)])
+    base, target = pair.paths(suite)
+    good = suite.files[target]
+    for name, (data, category, what) in BROKEN_TARGETS.items():
+        path = suite.blob(f"ckpt/enc-{name}.safetensors", good[:-1] if data is None else data)
+        suite.add(f"encoder/invalid/{name}", "encoder", what, "§10.3",
+                  "a malformed input checkpoint → checkpoint-invalid (unsupported dtypes: "
+                  "unsupported-feature, §5.3); nothing is written",
+                  {"base": base, "target": path}, invalid(category))  # fmt: skip

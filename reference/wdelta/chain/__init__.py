@@ -1,0 +1,69 @@
+"""Chains of deltas in shared storage: a trainer appends, a fleet of nodes pulls.
+
+Python API (SPEC.md "Chains")::
+
+    from wdelta import chain
+    c = chain.Chain(chain.open_storage("s3://bucket/run1"), cache=Path("cache"))
+    chain.init(c, Path("step0.safetensors"))
+    chain.append(c, Path("step1.safetensors"), base=Path("step0.safetensors"))
+    chain.pull(c, Path("node/model.safetensors"))            # to the head
+    m = chain.parse_manifest(data)                           # read-only tooling
+
+Every failure is a :class:`wdelta.WdeltaError` with a stable category; the
+chain adds ``manifest-invalid``, ``chain-broken``, ``not-found`` and ``conflict``.
+"""
+
+from .compose import compose, squash
+from .errors import (
+    CHAIN_CATEGORIES,
+    ChainBrokenError,
+    ConflictError,
+    ManifestInvalidError,
+    NotFoundError,
+)
+from .manifest import (
+    Link,
+    Manifest,
+    Snapshot,
+    SnapshotFile,
+    Version,
+    parse_manifest,
+    read_manifest,
+)
+from .ops import AppendOptions, append, init, log_rows, verify
+from .prune import Policy, prune
+from .pull import PullResult, follow, pull
+from .storage import LocalStorage, ObjectInfo, Storage, open_storage
+from .store import Chain
+
+__all__ = [
+    "CHAIN_CATEGORIES",
+    "AppendOptions",
+    "Chain",
+    "ChainBrokenError",
+    "ConflictError",
+    "Link",
+    "LocalStorage",
+    "Manifest",
+    "ManifestInvalidError",
+    "NotFoundError",
+    "ObjectInfo",
+    "Policy",
+    "PullResult",
+    "Snapshot",
+    "SnapshotFile",
+    "Storage",
+    "Version",
+    "append",
+    "compose",
+    "follow",
+    "init",
+    "log_rows",
+    "open_storage",
+    "parse_manifest",
+    "prune",
+    "pull",
+    "read_manifest",
+    "squash",
+    "verify",
+]

@@ -1,0 +1,275 @@
+"""``wdelta chain ...``: init, append, log, verify, pull, squash, prune.
+
+``register(subparsers)`` adds the ``chain`` command to the main parser; each
+subcommand's ``func`` returns the exit status and lets WdeltaError propagate
+to the main CLI, which prints ``error: CATEGORY: message``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import BadArgumentError
+from . import ops
+from .compose import squash
+from .manifest import Manifest
+from .prune import Policy, prune
+from .pull import PullResult, follow, pull
+from .storage import open_storage
+from .store import Chain
+
+
+@contextlib.contextmanager
+def _progress(args: argparse.Namespace, label: str) -> Iterator[Callable[[int], None]]:
+    """A byte counter on stderr, silent with --quiet or when stderr is not a TTY."""
+    if args.quiet or not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    from tqdm import tqdm
+
+    with tqdm(unit="B", unit_scale=True, desc=label, file=sys.stderr) as bar:
+        yield bar.update
+
+
+@contextlib.contextmanager
+def _chain(args: argparse.Namespace, default_cache: Path | None = None) -> Iterator[Chain]:
+    storage = open_storage(args.url)
+    cache = getattr(args, "cache", None) or os.environ.get("WDELTA_CACHE") or default_cache
+    if cache is not None:
+        yield Chain(storage, Path(cache))
+        return
+    with tempfile.TemporaryDirectory(prefix="wdelta-cache-") as tmp:
+        yield Chain(storage, Path(tmp))
+
+
+def _metadata(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise BadArgumentError(f"--meta expects KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    if not args.quiet:
+        print(text)
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    with _chain(args) as c, _progress(args, "upload") as progress:
+        m = ops.init(
+            c,
+            Path(args.checkpoint),
+            step=args.step,
+            metadata=_metadata(args.meta),
+            progress=progress,
+        )
+    _say(args, f"chain at {args.url}: version 0 {m.head.digest[:16]} (revision 1)")
+    return 0
+
+
+def _cmd_append(args: argparse.Namespace) -> int:
+    options = ops.AppendOptions(args.level, args.chunk_elements, args.threads, args.snapshot)
+    with _chain(args) as c, _progress(args, "upload") as progress:
+        m = ops.append(
+            c,
+            Path(args.checkpoint),
+            Path(args.base),
+            step=args.step,
+            metadata=_metadata(args.meta),
+            options=options,
+            progress=progress,
+        )
+    link = m.links[-1]
+    _say(
+        args,
+        f"version {m.head.number} {m.head.digest[:16]}: link {link.size} bytes "
+        f"(revision {m.revision})",
+    )
+    return 0
+
+
+def _format_log(m: Manifest) -> str:
+    lines = [
+        f"revision {m.revision}  {len(m.versions)} versions  {len(m.links)} links  "
+        f"{len(m.snapshots)} snapshots",
+        f"{'version':>7} {'step':>8} {'digest':16} {'time':20} {'snapshot':>12} links in",
+    ]
+    for row in ops.log_rows(m):
+        links = ", ".join(f"{k['from']} ({k['size']} B)" for k in row["links_in"]) or "-"
+        step = "-" if row["step"] is None else str(row["step"])
+        snap = "-" if row["snapshot_bytes"] is None else str(row["snapshot_bytes"])
+        lines.append(
+            f"{row['number']:>7} {step:>8} {row['digest'][:16]:16} "
+            f"{row['time'] or '-':20} {snap:>12} {links}"
+        )
+    return "\n".join(lines)
+
+
+def _cmd_log(args: argparse.Namespace) -> int:
+    m = Chain(open_storage(args.url)).head()
+    print(json.dumps(m.to_json(), indent=2) if args.json else _format_log(m))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    with _chain(args) as c, _progress(args, "verify") as progress:
+        m = ops.verify(c, deep=args.deep, progress=progress)
+    _say(
+        args,
+        f"ok: revision {m.revision}, {len(m.versions)} versions, {len(m.links)} links, "
+        f"{len(m.snapshots)} snapshots" + (" (deep)" if args.deep else ""),
+    )
+    return 0
+
+
+def _report(args: argparse.Namespace, r: PullResult) -> None:
+    _say(
+        args,
+        f"{args.local}: version {r.version.number} {r.version.digest[:16]} "
+        f"(revision {r.revision}, {len(r.hops)} hops, {r.downloaded} bytes fetched)",
+    )
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    local = Path(args.local)
+    options: dict[str, Any] = {"tensors": args.tensors, "threads": args.threads}
+    with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
+        options["progress"] = progress
+        if not args.follow:
+            _report(args, pull(c, local, to=args.to, **options))
+            return 0
+        follow(
+            c,
+            local,
+            interval=args.interval,
+            max_iterations=args.max_iterations,
+            timeout=args.timeout,
+            on_update=lambda r: _report(args, r),
+            **options,
+        )
+    return 0
+
+
+def _cmd_squash(args: argparse.Namespace) -> int:
+    base = Path(args.base) if args.base else None
+    with _chain(args) as c, _progress(args, "squash") as progress:
+        m = squash(c, args.source, args.target, base=base, threads=args.threads, progress=progress)
+    link = next(
+        k
+        for k in m.links
+        if (k.source, k.target) == (m.version(args.source).number, m.version(args.target).number)
+    )
+    _say(args, f"link {link.source}->{link.target}: {link.size} bytes (revision {m.revision})")
+    return 0
+
+
+def _cmd_prune(args: argparse.Namespace) -> int:
+    with _chain(args) as c:
+        m, deleted = prune(c, Policy(args.snapshot_every, args.keep_links, args.keep_revisions))
+    _say(
+        args,
+        f"revision {m.revision}: kept {len(m.versions)} versions, {len(m.links)} links, "
+        f"{len(m.snapshots)} snapshots; deleted {len(deleted)} files",
+    )
+    return 0
+
+
+def _common(p: argparse.ArgumentParser, *, cache: bool = False, threads: bool = False) -> None:
+    p.add_argument("url", help="chain location: a folder, s3://BUCKET/PREFIX or hf://...")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress or summary")
+    if cache:
+        p.add_argument(
+            "--cache",
+            default=None,
+            help="folder of verified downloads (default: $WDELTA_CACHE or temporary)",
+        )
+    if threads:
+        p.add_argument("--threads", type=int, default=2, help="worker threads (default 2)")
+
+
+def _writer_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="the checkpoint to publish (.safetensors or folder)")
+    p.add_argument("--step", type=int, default=None, help="training step of this version")
+    p.add_argument(
+        "--meta",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="free metadata (repeatable)",
+    )
+
+
+def register(subparsers: Any) -> None:
+    """Add ``chain`` and its subcommands to the main CLI's subparsers."""
+    chain = subparsers.add_parser("chain", help="publish and sync chains of deltas")
+    sub = chain.add_subparsers(dest="chain_command", required=True, parser_class=type(chain))
+    _register_writers(sub)
+    _register_readers(sub)
+
+
+def _register_writers(sub: Any) -> None:
+    p = sub.add_parser("init", help="start a chain from a base checkpoint (stored as a snapshot)")
+    _common(p)
+    _writer_args(p)
+    p.set_defaults(func=_cmd_init)
+    p = sub.add_parser("append", help="publish a checkpoint as a delta from --base")
+    _common(p, threads=True)
+    _writer_args(p)
+    p.add_argument("--base", required=True, help="local copy of the head (or another version)")
+    p.add_argument("--snapshot", action="store_true", help="also store a full snapshot")
+    p.add_argument("--level", type=int, default=None, help="zstd level (default: automatic)")
+    p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
+    p.set_defaults(func=_cmd_append)
+    p = sub.add_parser("squash", help="publish one link composed of the links between versions")
+    _common(p, cache=True, threads=True)
+    p.add_argument("--from", dest="source", required=True, help="older version")
+    p.add_argument("--to", dest="target", default="head", help="newer version (default head)")
+    p.add_argument("--base", default=None, help="local checkpoint at --from (else its snapshot)")
+    p.set_defaults(func=_cmd_squash)
+    p = sub.add_parser("prune", help="drop links and snapshots outside a retention policy")
+    _common(p)
+    p.add_argument(
+        "--snapshot-every", type=int, required=True, help="keep snapshots of every Nth version"
+    )
+    p.add_argument("--keep-links", type=int, required=True, help="keep the last K links")
+    p.add_argument("--keep-revisions", type=int, default=10, help="manifest revisions kept (10)")
+    p.set_defaults(func=_cmd_prune)
+
+
+def _register_readers(sub: Any) -> None:
+    p = sub.add_parser("log", help="the history of versions")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="the head manifest as JSON")
+    p.set_defaults(func=_cmd_log)
+    p = sub.add_parser("verify", help="check every manifest rule, digest and header")
+    _common(p, cache=True)
+    p.add_argument(
+        "--deep", action="store_true", help="also rebuild every version and apply every link"
+    )
+    p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser("pull", help="bring a local checkpoint to the head or --to VERSION")
+    _common(p, cache=True, threads=True)
+    p.add_argument("local", help="the node's checkpoint file (or symlink to a sharded folder)")
+    p.add_argument("--to", default="head", help="version: number, step:N, digest prefix or head")
+    p.add_argument(
+        "--tensors",
+        default=None,
+        metavar="PATTERN",
+        help="partial pull: comma-separated globs of tensor names",
+    )
+    p.add_argument("--follow", action="store_true", help="keep polling and applying new versions")
+    p.add_argument("--interval", type=float, default=10.0, help="seconds between polls (10)")
+    p.add_argument("--max-iterations", type=int, default=None, help="stop after N polls")
+    p.add_argument("--timeout", type=float, default=None, help="stop after S seconds")
+    p.set_defaults(func=_cmd_pull)

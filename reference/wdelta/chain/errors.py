@@ -1,0 +1,37 @@
+"""Error categories of the chain layer (SPEC.md "Chains", "Error categories").
+
+The delta-file categories of :mod:`wdelta.errors` keep their meaning here
+(a corrupt downloaded file is ``checksum-mismatch``, a transport failure is
+``io-error``); these four cover what only a chain can get wrong.
+"""
+
+from __future__ import annotations
+
+from ..errors import WdeltaError
+
+
+class ManifestInvalidError(WdeltaError):
+    """A manifest is not valid JSON, violates the schema or a manifest rule."""
+
+    category = "manifest-invalid"
+
+
+class ChainBrokenError(WdeltaError):
+    """A version cannot be reached, or a stored file disagrees with the manifest."""
+
+    category = "chain-broken"
+
+
+class NotFoundError(WdeltaError):
+    """A file the manifest lists is missing from storage, or a version is unknown."""
+
+    category = "not-found"
+
+
+class ConflictError(WdeltaError):
+    """A create-only write lost to another writer, or a version already exists."""
+
+    category = "conflict"
+
+
+CHAIN_CATEGORIES: tuple[str, ...] = ("manifest-invalid", "chain-broken", "not-found", "conflict")

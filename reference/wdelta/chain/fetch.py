@@ -1,0 +1,66 @@
+"""Verified local copies of a chain's files: deltas checked against the manifest,
+snapshots assembled into checkpoints whose digest is the version's."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ..container import open_delta
+from ..errors import StorageError
+from ..header import Header
+from .errors import ChainBrokenError
+from .local import digest_of_path
+from .manifest import Link, Manifest, Snapshot
+from .storage.base import Progress
+from .store import Chain
+
+
+def check_link_header(m: Manifest, link: Link, header: Header) -> None:
+    """The delta's header must name the link's versions and reversibility."""
+    want_from, want_to = m.version(link.source).digest, m.version(link.target).digest
+    base, target = header.raw["base"]["digest"], header.raw["target"]["digest"]
+    reversible = header.reversible
+    if (base, target) != (want_from, want_to):
+        raise ChainBrokenError(
+            f"delta {link.digest[:16]} goes {base[:16]}->{target[:16]}, the manifest says "
+            f"{want_from[:16]}->{want_to[:16]} (link {link.source}->{link.target})"
+        )
+    if reversible != link.reversible:
+        raise ChainBrokenError(f"link {link.source}->{link.target}: reversible flag disagrees")
+
+
+def fetch_link(chain: Chain, m: Manifest, link: Link, progress: Progress | None = None) -> Path:
+    """The verified delta file of ``link`` (BLAKE3 and header checked)."""
+    path = chain.fetch(link.key, link.size, link.digest, "blake3", progress)
+    with open_delta(path) as d:
+        check_link_header(m, link, d.header)
+    return path
+
+
+def materialize_snapshot(
+    chain: Chain, m: Manifest, snap: Snapshot, dest: Path, progress: Progress | None = None
+) -> Path:
+    """Copy a snapshot's verified files to ``dest`` (a file, or a folder if sharded).
+
+    The copy's checkpoint digest must be the version's digest: the manifest's
+    sha256 proves the bytes are the ones uploaded, this proves they are the
+    version the manifest says.
+    """
+    paths = {f.name: chain.fetch(f.key, f.size, f.sha256, "sha256", progress) for f in snap.files}
+    try:
+        if len(paths) == 1:
+            shutil.copyfile(next(iter(paths.values())), dest)
+        else:
+            dest.mkdir(parents=True)
+            for name, src in paths.items():
+                shutil.copyfile(src, dest / name)
+    except OSError as exc:
+        raise StorageError(f"cannot assemble the snapshot at {dest}: {exc}") from exc
+    want = m.version(snap.version).digest
+    got = digest_of_path(dest)
+    if got != want:
+        raise ChainBrokenError(
+            f"snapshot of version {snap.version} has digest {got[:16]}, not {want[:16]}"
+        )
+    return dest

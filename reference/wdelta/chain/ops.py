@@ -1,0 +1,180 @@
+"""Writing and checking a chain: ``init``, ``append``, ``log``, ``verify``."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import api
+from ..container import open_delta
+from ..digest import digest_bytes
+from ..errors import BaseMismatchError
+from .errors import ChainBrokenError, ConflictError, ManifestInvalidError
+from .fetch import fetch_link, materialize_snapshot
+from .local import checkpoint_files, digest_of_path, file_sha256
+from .manifest import (
+    Link,
+    Manifest,
+    Snapshot,
+    SnapshotFile,
+    Version,
+    delta_key,
+    new_manifest,
+    parse_manifest,
+    revision_key,
+    utc_now,
+)
+from .storage.base import Progress
+from .store import Chain, file_digest
+
+
+def upload_snapshot(
+    chain: Chain, number: int, checkpoint: Path, progress: Progress | None
+) -> Snapshot:
+    """Store a checkpoint's files content-addressed; returns their manifest entry."""
+    paths = checkpoint_files(checkpoint)
+    files = []
+    for path in paths:
+        name = path.name if len(paths) > 1 else _single_name(path)
+        entry = SnapshotFile(name, file_sha256(path), path.stat().st_size)
+        chain.upload(entry.key, path, entry.sha256, "sha256", progress)
+        files.append(entry)
+    return Snapshot(number, tuple(sorted(files, key=lambda f: f.name)))
+
+
+def _single_name(path: Path) -> str:
+    from ..checkpoint.source import recorded_name
+
+    return recorded_name(path)
+
+
+def init(
+    chain: Chain, checkpoint: Path, *, step: int | None = None,
+    metadata: Mapping[str, str] | None = None, progress: Progress | None = None,
+) -> Manifest:  # fmt: skip
+    """Start a chain at ``checkpoint`` (version 0, stored as a snapshot)."""
+    if chain.revisions():
+        raise ConflictError(f"{chain.storage.url}: a chain already exists here")
+    version = Version(0, digest_of_path(checkpoint), step, utc_now(), dict(metadata or {}))
+    snapshot = upload_snapshot(chain, 0, checkpoint, progress)
+    return chain.create_first(new_manifest(version, snapshot))
+
+
+@dataclass(frozen=True)
+class AppendOptions:
+    """Encoder settings for ``append`` (``level`` None: wdelta's automatic zstd
+    level) and whether to also store a snapshot."""
+
+    level: int | None = None
+    chunk_elements: int | None = None
+    threads: int = 2
+    snapshot: bool = False
+
+
+def append(
+    chain: Chain, checkpoint: Path, base: Path, *, step: int | None = None,
+    metadata: Mapping[str, str] | None = None, options: AppendOptions = AppendOptions(),
+    progress: Progress | None = None,
+) -> Manifest:  # fmt: skip
+    """Publish ``checkpoint`` as the next version, as a delta from ``base``.
+
+    ``base`` must be a version of the chain (normally the head).  The delta is
+    uploaded and verified before the manifest revision that names it exists.
+    """
+    m = chain.head()
+    with tempfile.TemporaryDirectory(prefix="wdelta-append-") as tmp:
+        out = Path(tmp) / "link.wdelta"
+        api.diff(base, checkpoint, out, level=options.level, threads=options.threads,
+                 chunk_elements=options.chunk_elements)  # fmt: skip
+        with open_delta(out) as d:
+            src, dst = d.header.raw["base"]["digest"], d.header.raw["target"]["digest"]
+            reversible = d.header.reversible
+        if m.by_digest(src) is None:
+            raise BaseMismatchError(f"{base} is not a version of the chain")
+        if m.by_digest(dst) is not None:
+            raise ConflictError(f"{checkpoint} is already version {m.by_digest(dst)}")
+        digest, size = file_digest(out, "blake3"), out.stat().st_size
+        chain.upload(delta_key(digest), out, digest, "blake3", progress)
+        snap = upload_snapshot(chain, 0, checkpoint, progress) if options.snapshot else None
+
+    def update(cur: Manifest) -> Manifest:
+        source = cur.by_digest(src)
+        if source is None or cur.by_digest(dst) is not None:
+            raise ConflictError("the chain changed: base pruned or version already published")
+        number = cur.head.number + 1
+        steps = [v.step for v in cur.versions if v.step is not None]
+        if step is not None and steps and steps[-1] >= step:
+            raise ConflictError(f"step {step} is not after the head's step {steps[-1]}")
+        version = Version(number, dst, step, utc_now(), dict(metadata or {}))
+        link = Link(source.number, number, digest, size, reversible)
+        snaps = cur.snapshots + ((Snapshot(number, snap.files),) if snap else ())
+        return cur.successor(versions=(*cur.versions, version), links=(*cur.links, link),
+                             snapshots=snaps)  # fmt: skip
+
+    return chain.publish(update)
+
+
+def log_rows(m: Manifest) -> list[dict[str, Any]]:
+    """One row per version: how it is stored (snapshot bytes, links in and out)."""
+    rows = []
+    for v in m.versions:
+        snap = m.snapshot(v.number)
+        links_in = [{"from": k.source, "size": k.size} for k in m.links if k.target == v.number]
+        rows.append({
+            "number": v.number, "digest": v.digest, "step": v.step, "time": v.time,
+            "metadata": v.metadata, "snapshot_bytes": snap.size if snap else None,
+            "links_in": links_in,
+        })  # fmt: skip
+    return rows
+
+
+def verify(chain: Chain, *, deep: bool = False, progress: Progress | None = None) -> Manifest:
+    """Check every revision's rules and parent digest, every file's digest and header.
+
+    ``deep`` also rebuilds every version from a snapshot and checks each link
+    applies to its source with every tensor digest (needs disk for the chain's
+    versions in the cache's scratch folder).
+    """
+    m = chain.head()
+    previous: tuple[int, bytes] | None = None
+    for r in chain.revisions():
+        data = chain.storage.read(revision_key(r))
+        rev = parse_manifest(data, expected_revision=r)
+        want = None if previous is None else (previous[0], digest_bytes(previous[1]))
+        if want is not None and want[0] == r - 1 and rev.parent != want:
+            raise ManifestInvalidError(f"revision {r}: parent digest differs from {r - 1}")
+        previous = (r, data)
+    for link in m.links:
+        api.verify(fetch_link(chain, m, link, progress))
+    with tempfile.TemporaryDirectory(prefix="wdelta-verify-", dir=chain.scratch()) as tmp:
+        for snap in m.snapshots:
+            materialize_snapshot(chain, m, snap, Path(tmp) / f"v{snap.version}", progress)
+        if deep:
+            _verify_deep(chain, m, Path(tmp))
+    return m
+
+
+def _verify_deep(chain: Chain, m: Manifest, tmp: Path) -> None:
+    built = {s.version: tmp / f"v{s.version}" for s in m.snapshots}
+    pending = list(m.links)
+    while pending:
+        ready = [k for k in pending if k.source in built or (k.reversible and k.target in built)]
+        if not ready:
+            raise ChainBrokenError(
+                f"links {[(k.source, k.target) for k in pending][:5]} unreachable"
+            )
+        for k in ready:
+            pending.remove(k)
+            delta = fetch_link(chain, m, k)
+            forward = k.source in built
+            src, dst = (k.source, k.target) if forward else (k.target, k.source)
+            out = tmp / f"v{dst}.{k.source}-{k.target}"
+            api.apply(built[src], delta, out, reverse=not forward)
+            if dst in built:
+                shutil.rmtree(out) if out.is_dir() else out.unlink()
+            else:
+                built[dst] = out

@@ -1,0 +1,163 @@
+"""Partial checkpoints: a node that serves only some tensors (a tensor-parallel rank).
+
+A partial checkpoint is one safetensors file holding the tensors whose names
+match a pattern, with ``__metadata__`` recording the chain version and the
+pattern.  A link is applied to it by reading, with ranged requests, only the
+delta's prefix, header and the blobs of the matching tensors (the header
+gives every blob's offset and length); each blob's checksum and each input
+and output tensor digest is still checked.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+
+from ..atomic import atomic_file
+from ..checkpoint.safetensors_header import build_header
+from ..checkpoint.source import Checkpoint, Words, open_checkpoint
+from ..container import PREFIX_SIZE, parse_prefix
+from ..decoder import Step, check_digests, init_file, plan_steps
+from ..digest import new_hasher
+from ..encodings import chunk as chunk_codec
+from ..encodings import codec
+from ..errors import BaseMismatchError, ChecksumMismatchError
+from ..header import Chunk, Header, parse_header
+from .local import TENSORS_KEY, VERSION_KEY
+from .manifest import Link
+from .storage.base import Progress, Storage
+
+# Consecutive blobs of a tensor are fetched together up to this many bytes,
+# which bounds memory while keeping the number of requests small.
+RANGE_WINDOW = 32 << 20
+
+
+def matches(name: str, pattern: str) -> bool:
+    """Does tensor ``name`` match the comma-separated glob ``pattern``?"""
+    return any(fnmatch.fnmatchcase(name, p.strip()) for p in pattern.split(","))
+
+
+def read_remote_header(
+    storage: Storage, link: Link, progress: Progress | None = None
+) -> tuple[Header, int]:
+    """The validated header of a stored delta and its data section's offset."""
+    prefix = storage.read_range(link.key, 0, PREFIX_SIZE)
+    n, digest, d = parse_prefix(prefix, link.size)
+    header_bytes = storage.read_range(link.key, PREFIX_SIZE, n)
+    if progress is not None:
+        progress(PREFIX_SIZE + n)
+    if blake3.blake3(header_bytes).digest() != digest:
+        raise ChecksumMismatchError(f"{link.key}: header digest mismatch")
+    return parse_header(header_bytes, d), PREFIX_SIZE + n
+
+
+@dataclass
+class _Blobs:
+    """A window of one stored delta's data section, refilled on demand."""
+
+    storage: Storage
+    key: str
+    data_start: int
+    chunks: list[Chunk]
+    progress: Progress | None
+    lo: int = 0
+    buf: bytes = b""
+
+    def get(self, chunk: Chunk) -> bytes:
+        if not self.lo <= chunk.offset <= chunk.offset + chunk.length <= self.lo + len(self.buf):
+            self._fill(chunk)
+        blob = self.buf[chunk.offset - self.lo : chunk.offset - self.lo + chunk.length]
+        if blake3.blake3(blob).hexdigest() != chunk.checksum:
+            raise ChecksumMismatchError(f"{self.key}: blob at {chunk.offset}: checksum mismatch")
+        return codec.decompress(chunk.codec, blob, chunk.raw_length)
+
+    def _fill(self, chunk: Chunk) -> None:
+        """Fetch ``chunk`` and the wanted blobs right after it, up to RANGE_WINDOW bytes."""
+        end = chunk.offset + chunk.length
+        for c in self.chunks:
+            if c.offset == end and c.offset + c.length - chunk.offset <= RANGE_WINDOW:
+                end += c.length
+        self.lo = chunk.offset
+        self.buf = self.storage.read_range(self.key, self.data_start + self.lo, end - self.lo)
+        if self.progress is not None:
+            self.progress(len(self.buf))
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
+
+
+def _apply_tensor(
+    header: Header, step: Step, ckpt: Checkpoint, blobs: _Blobs, fd: int, out_offset: int
+) -> None:
+    entry = step.entry
+    hashers = (new_hasher(), new_hasher())
+    count = -(-entry.elements // header.chunk_elements)
+    for i in range(count):
+        start, m = header.chunk_span(entry, i)
+        src: Words | None = None
+        if step.src_digest is not None:
+            src = ckpt.tensors[entry.name].read(start, m)
+            hashers[0].update(src.data.cast("B"))
+        chunk = step.chunk(i)
+        if chunk.encoding == "unchanged":
+            assert src is not None
+            dst = src
+        else:
+            dst = chunk_codec.decode(
+                chunk.encoding, chunk.transform, blobs.get(chunk), src, m,
+                entry.dtype.word, step.reverse, chunk.changed,
+            )  # fmt: skip
+        hashers[1].update(dst.data.cast("B"))
+        _pwrite_all(fd, dst.data.cast("B"), out_offset + start * entry.dtype.size)
+    check_digests(step, hashers[0].hexdigest(), hashers[1].hexdigest())
+
+
+def apply_partial(
+    storage: Storage, link: Link, header: Header, data_start: int, reverse: bool,
+    src: Path, pattern: str, out: Path, progress: Progress | None = None,
+) -> None:  # fmt: skip
+    """Apply a stored delta to the partial checkpoint ``src``; write ``out`` atomically."""
+    steps = [s for s in plan_steps(header, reverse) if matches(s.entry.name, pattern)]
+    wanted = {s.entry.name: (s.entry.dtype, s.entry.shape) for s in steps if s.src_digest}
+    outputs = [s for s in steps if s.dst_digest is not None]
+    digest = header.raw["base" if reverse else "target"]["digest"]
+    layout = build_header(
+        [(s.entry.name, s.entry.dtype, s.entry.shape) for s in outputs],
+        {VERSION_KEY: digest, TENSORS_KEY: pattern},
+    )
+    offsets = {t.name: layout.data_start + t.begin for t in layout.tensors}
+    chunks = [c for s in outputs for c in s.entry.chunks if c.encoding != "unchanged"]
+    blobs = _Blobs(storage, link.key, data_start, chunks, progress)
+    with open_checkpoint(src) as ckpt:
+        have = {t.name: (t.dtype, t.shape) for t in ckpt.tensors.values()}
+        if have != wanted:
+            raise BaseMismatchError(f"{src} does not hold the tensors matching {pattern!r}")
+        with atomic_file(out) as fd:
+            init_file(fd, layout)
+            for step in outputs:
+                _apply_tensor(header, step, ckpt, blobs, fd, offsets[step.entry.name])
+
+
+def extract(full: Path, pattern: str, version_digest: str, out: Path) -> None:
+    """Write the partial checkpoint of ``full`` (verified by the caller) to ``out``."""
+    with open_checkpoint(full) as ckpt:
+        tensors = [t for t in ckpt.sorted_tensors() if matches(t.name, pattern)]
+        layout = build_header(
+            [(t.name, t.dtype, t.shape) for t in tensors],
+            {VERSION_KEY: version_digest, TENSORS_KEY: pattern},
+        )
+        offsets = {t.name: layout.data_start + t.begin for t in layout.tensors}
+        with atomic_file(out) as fd:
+            init_file(fd, layout)
+            for t in tensors:
+                step = 1 << 22
+                for start in range(0, t.elements, step):
+                    words = t.read(start, min(step, t.elements - start))
+                    _pwrite_all(fd, words.data.cast("B"), offsets[t.name] + start * t.dtype.size)

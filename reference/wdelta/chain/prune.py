@@ -1,0 +1,86 @@
+"""``prune``: drop old links and snapshots under a retention policy, then their files.
+
+Policy: keep the snapshots of every ``snapshot_every``-th version (by
+number; the newest snapshot is always kept) and the last ``keep_links``
+links.  The versions this promises are the kept snapshots' versions, the
+endpoints of the kept links and the head; every link on the cheapest path
+from a kept snapshot to a promised version is kept too, so no promised
+version is stranded.  Versions nothing reaches any more are dropped.  Files
+are deleted only after the new revision that no longer names them exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import BadArgumentError
+from . import graph
+from .errors import ChainBrokenError
+from .manifest import Link, Manifest, Snapshot, revision_key
+from .store import Chain
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``snapshot_every`` >= 1, ``keep_links`` >= 0, ``keep_revisions`` >= 1."""
+
+    snapshot_every: int = 10
+    keep_links: int = 20
+    keep_revisions: int = 10
+
+    def check(self) -> None:
+        if self.snapshot_every < 1 or self.keep_links < 0 or self.keep_revisions < 1:
+            raise BadArgumentError(
+                "prune needs snapshot_every >= 1, keep_links >= 0, keep_revisions >= 1"
+            )
+
+
+def retained(m: Manifest, policy: Policy) -> tuple[tuple[Snapshot, ...], tuple[Link, ...]]:
+    """The snapshots and links the policy keeps (pure; see the module doc)."""
+    snaps = [s for s in m.snapshots if s.version % policy.snapshot_every == 0]
+    if m.snapshots and m.snapshots[-1] not in snaps:
+        snaps.append(m.snapshots[-1])
+    links = set(m.links[len(m.links) - policy.keep_links :] if policy.keep_links else ())
+    promised = {m.head.number} | {s.version for s in snaps}
+    promised |= {n for k in links for n in (k.source, k.target)}
+    # Paths may only start from kept snapshots.
+    only_kept = Manifest(m.revision, m.parent, m.versions, tuple(snaps), m.links)
+    for number in sorted(promised):
+        plan = graph.cheapest_path(only_kept, (), number, lambda d: False)
+        if plan is None:
+            raise ChainBrokenError(f"version {number} is not reachable from a kept snapshot")
+        links |= {h.link for h in plan[1] if h.link is not None}
+    return tuple(sorted(snaps, key=lambda s: s.version)), tuple(
+        sorted(links, key=lambda k: (k.target, k.source))
+    )
+
+
+def _reachable_versions(
+    m: Manifest, snaps: tuple[Snapshot, ...], links: tuple[Link, ...]
+) -> set[int]:
+    trial = Manifest(m.revision, m.parent, m.versions, snaps, links)
+    return {v.number for v in m.versions} - set(graph.unreachable(trial))
+
+
+def prune(chain: Chain, policy: Policy) -> tuple[Manifest, list[str]]:
+    """Publish the pruned manifest, then delete unreferenced files; returns both."""
+    policy.check()
+
+    def update(cur: Manifest) -> Manifest:
+        snaps, links = retained(cur, policy)
+        keep = _reachable_versions(cur, snaps, links)
+        versions = tuple(v for v in cur.versions if v.number in keep)
+        return cur.successor(versions=versions, snapshots=snaps, links=links)
+
+    new = chain.publish(update)
+    referenced = {k.key for k in new.links} | {f.key for s in new.snapshots for f in s.files}
+    deleted = []
+    for prefix in ("deltas/", "snapshots/"):
+        for obj in chain.storage.list(prefix):
+            if obj.key not in referenced:
+                chain.storage.delete(obj.key)
+                deleted.append(obj.key)
+    for r in chain.revisions()[: -policy.keep_revisions]:
+        chain.storage.delete(revision_key(r))
+        deleted.append(revision_key(r))
+    return new, deleted

@@ -1,0 +1,194 @@
+"""``pull``: bring a node's local checkpoint to the head (or a named version).
+
+The plan is the cheapest path in bytes (graph.cheapest_path) from what the
+node has: its checkpoint, a finished intermediate of an interrupted pull, or
+nothing (then it starts from a snapshot).  Hops run one by one; every delta
+and snapshot is verified before use and every apply checks every tensor
+digest.  Intermediates live in a work folder beside the checkpoint, named by
+version digest and created by rename, so after a crash the pull resumes from
+the last finished hop and the cache holds every file already verified.
+Only the final result replaces the checkpoint, in one rename.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import api
+from ..atomic import TMP_PREFIX
+from ..errors import BadArgumentError
+from . import graph, partial
+from .errors import ChainBrokenError, NotFoundError
+from .fetch import check_link_header, fetch_link, materialize_snapshot
+from .local import digest_of_path, partial_marker, replace_checkpoint
+from .manifest import Manifest, Version
+from .storage.base import Progress
+from .store import Chain
+
+_REPLANS = 3
+
+
+@dataclass
+class PullResult:
+    """Where the node ended: version, manifest revision, hops applied, bytes fetched."""
+
+    version: Version
+    revision: int
+    hops: list[graph.Hop] = field(default_factory=list)
+    downloaded: int = 0
+
+
+def work_dir(local: Path) -> Path:
+    """Intermediates of pulls into ``local`` (same file system, for the final rename)."""
+    return local.parent / f".{local.name}.wdelta-work"
+
+
+def local_version(m: Manifest, local: Path, tensors: str | None, assume: str | None) -> Version:
+    """The chain version of the node's checkpoint (hashed unless ``assume``-d)."""
+    if tensors is not None:
+        marker = partial_marker(local)
+        if marker is None or marker[1] != tensors:
+            raise BadArgumentError(f"{local} is not a partial checkpoint of tensors {tensors!r}")
+        digest = marker[0]
+    else:
+        digest = assume or digest_of_path(local)
+    found = m.by_digest(digest)
+    if found is None:
+        raise NotFoundError(f"{local} (digest {digest[:16]}) is not a version of this chain")
+    return found
+
+
+@dataclass
+class _Puller:
+    chain: Chain
+    m: Manifest
+    local: Path
+    tensors: str | None
+    progress: Progress | None
+    threads: int
+    downloaded: int = 0
+
+    def count(self, n: int) -> None:
+        self.downloaded += n
+        if self.progress is not None:
+            self.progress(n)
+
+    def starts(self, assume: str | None) -> dict[int, Path]:
+        found: dict[int, Path] = {}
+        work = work_dir(self.local)
+        if work.is_dir():
+            for path in work.iterdir():
+                v = self.m.by_digest(path.name)
+                if v is not None:
+                    found[v.number] = path
+        if self.local.exists():
+            found[local_version(self.m, self.local, self.tensors, assume).number] = self.local
+        return found
+
+    def hop(self, hop: graph.Hop, current: Path | None) -> Path:
+        work_dir(self.local).mkdir(parents=True, exist_ok=True)
+        out = work_dir(self.local) / self.m.version(hop.version).digest
+        if hop.snapshot is not None:
+            if self.tensors is None:
+                return materialize_snapshot(self.chain, self.m, hop.snapshot, out, self.count)
+            full = work_dir(self.local) / f"{TMP_PREFIX}snapshot"
+            shutil.rmtree(full, ignore_errors=True) if full.is_dir() else full.unlink(
+                missing_ok=True
+            )
+            materialize_snapshot(self.chain, self.m, hop.snapshot, full, self.count)
+            partial.extract(full, self.tensors, self.m.version(hop.version).digest, out)
+            shutil.rmtree(full) if full.is_dir() else full.unlink()
+            return out
+        assert hop.link is not None and current is not None
+        if self.tensors is None:
+            delta = fetch_link(self.chain, self.m, hop.link, self.count)
+            api.apply(current, delta, out, reverse=hop.reverse, threads=self.threads)
+            return out
+        header, data_start = partial.read_remote_header(self.chain.storage, hop.link, self.count)
+        check_link_header(self.m, hop.link, header)
+        partial.apply_partial(
+            self.chain.storage, hop.link, header, data_start, hop.reverse, current,
+            self.tensors, out, self.count,
+        )  # fmt: skip
+        return out
+
+
+def _cached(chain: Chain, tensors: str | None) -> Callable[[str], bool]:
+    # A partial pull reads byte ranges and never fills the cache with deltas.
+    return (lambda digest: False) if tensors is not None else chain.is_cached
+
+
+def _discard(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def _run(p: _Puller, goal: Version, assume: str | None) -> PullResult:
+    starts = p.starts(assume)
+    plan = graph.cheapest_path(p.m, starts, goal.number, _cached(p.chain, p.tensors))
+    if plan is None:
+        raise ChainBrokenError(f"version {goal.number} cannot be reached")
+    start, hops = plan
+    current = starts.get(start)
+    for hop in hops:
+        produced = p.hop(hop, current)
+        if current is not None and current != p.local:
+            _discard(current)
+        current = produced
+    assert current is not None
+    if current != p.local:
+        replace_checkpoint(current, p.local)
+    shutil.rmtree(work_dir(p.local), ignore_errors=True)
+    return PullResult(goal, p.m.revision, hops, p.downloaded)
+
+
+def pull(
+    chain: Chain, local: Path, *, to: str | int = "head", tensors: str | None = None,
+    progress: Progress | None = None, threads: int = 2, assume: str | None = None,
+) -> PullResult:  # fmt: skip
+    """Bring ``local`` to version ``to``; ``tensors`` selects a partial pull.
+
+    ``assume`` is the digest the caller knows ``local`` to be at (skips
+    hashing it; a wrong value is still caught by apply's digest checks).
+    A file missing from storage is an error unless a newer manifest revision
+    no longer lists it (it was pruned meanwhile), in which case the pull is
+    planned again.  Without a cache on ``chain``, ``.wdelta-cache`` beside
+    ``local`` is used.
+    """
+    if chain.cache is None:
+        chain.cache = local.parent / ".wdelta-cache"
+    for attempt in range(_REPLANS):
+        m = chain.head()
+        p = _Puller(chain, m, local, tensors, progress, threads)
+        try:
+            return _run(p, m.version(to), assume)
+        except NotFoundError:
+            if attempt == _REPLANS - 1 or chain.revisions()[-1] == m.revision:
+                raise
+    raise AssertionError("unreachable")
+
+
+def follow(
+    chain: Chain, local: Path, *, interval: float, max_iterations: int | None = None,
+    timeout: float | None = None, on_update: Callable[[PullResult], None] | None = None,
+    **options: object,
+) -> PullResult | None:  # fmt: skip
+    """Pull the head every ``interval`` seconds; stop after ``max_iterations`` polls
+    or ``timeout`` seconds (None: forever).  Returns the last result."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last: PullResult | None = None
+    polls = 0
+    while max_iterations is None or polls < max_iterations:
+        polls += 1
+        assume = last.version.digest if last is not None else None
+        result = pull(chain, local, assume=assume, **options)  # type: ignore[arg-type]
+        if on_update is not None and (last is None or result.version != last.version):
+            on_update(result)
+        last = result
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    return last

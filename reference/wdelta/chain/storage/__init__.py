@@ -1,0 +1,28 @@
+"""Storage backends of a chain, chosen by URL (SPEC.md "Storage model").
+
+``open_storage("path/or/file://...")`` is a local folder, ``s3://BUCKET/PREFIX``
+S3-compatible storage (boto3; endpoint from ``AWS_ENDPOINT_URL``) and
+``hf://...`` the Hugging Face Hub.
+"""
+
+from __future__ import annotations
+
+from .base import ObjectInfo, Progress, Storage, download
+from .local import LocalStorage
+
+
+def open_storage(url: str) -> Storage:
+    """The backend for ``url``."""
+    if url.startswith("s3://"):
+        from .s3 import S3Storage
+
+        bucket, _, prefix = url[5:].partition("/")
+        return S3Storage(bucket, prefix)
+    if url.startswith("hf://"):
+        from .hf import HfStorage
+
+        return HfStorage(url)
+    return LocalStorage(url.removeprefix("file://"))
+
+
+__all__ = ["LocalStorage", "ObjectInfo", "Progress", "Storage", "download", "open_storage"]

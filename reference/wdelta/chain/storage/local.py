@@ -1,0 +1,127 @@
+"""A chain in a local (or network-mounted POSIX) folder.
+
+Create-only writes are a temporary file hard-linked to the final name:
+``link(2)`` fails if the name exists, atomically, and the object appears
+complete or not at all.  Uploads are a temporary file renamed into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from ...atomic import TMP_PREFIX, fsync_dir
+from ...errors import StorageError, TruncatedError
+from ..errors import NotFoundError
+from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key
+
+
+class LocalStorage(Storage):
+    """Objects are files under ``root``; keys are relative paths."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            return ObjectInfo(key, self._path(key).stat().st_size)
+        except FileNotFoundError:
+            return None
+
+    def _open(self, key: str) -> int:
+        try:
+            return os.open(self._path(key), os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"{self.url}: no object {key}") from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read {key}: {exc}") from exc
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        fd = self._open(key)
+        try:
+            data = os.pread(fd, length, start)
+        finally:
+            os.close(fd)
+        if len(data) != length:
+            raise TruncatedError(f"{key}: {length} bytes at {start} run past its end")
+        return data
+
+    def stream(self, key: str, start: int = 0) -> Iterator[bytes]:
+        fd = self._open(key)
+        try:
+            offset = start
+            while block := os.pread(fd, STREAM_BLOCK, offset):
+                offset += len(block)
+                yield block
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _temp(self, key: str) -> Iterator[tuple[Path, Path]]:
+        dest = self._path(key)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
+            os.close(fd)
+        except OSError as exc:
+            raise StorageError(f"cannot write under {dest.parent}: {exc}") from exc
+        tmp = Path(name)
+        try:
+            yield tmp, dest
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def put_file(self, key: str, path: Path, progress: Progress | None = None) -> None:
+        with self._temp(key) as (tmp, dest):
+            try:
+                with open(path, "rb") as src, open(tmp, "wb") as out:
+                    shutil.copyfileobj(src, out, STREAM_BLOCK)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, dest)
+                fsync_dir(dest.parent)
+            except OSError as exc:
+                raise StorageError(f"cannot store {key}: {exc}") from exc
+        if progress is not None:
+            progress(path.stat().st_size)
+
+    def create(self, key: str, data: bytes) -> bool:
+        with self._temp(key) as (tmp, dest):
+            try:
+                with open(tmp, "wb") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.link(tmp, dest)
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                raise StorageError(f"cannot create {key}: {exc}") from exc
+            fsync_dir(dest.parent)
+            return True
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        base = self.root / folder if folder else self.root
+        if not base.is_dir():
+            return []
+        found = []
+        for path in base.rglob("*"):
+            rel = path.relative_to(self.root).as_posix()
+            if path.is_file() and rel.startswith(prefix) and TMP_PREFIX not in rel:
+                found.append(ObjectInfo(rel, path.stat().st_size))
+        return sorted(found, key=lambda o: o.key)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot delete {key}: {exc}") from exc

@@ -1,0 +1,152 @@
+"""S3-compatible object storage through boto3 (AWS, MinIO, the Hub's S3 gateway).
+
+Create-only writes are ``PutObject`` with ``If-None-Match: *``: the store
+answers 412 when the key exists, atomically.  Reads are ranged ``GetObject``
+requests, so a download resumes at the byte where it stopped.  Credentials
+and the endpoint come from the usual AWS environment (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ...) unless a client is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ...errors import BadArgumentError, StorageError, TruncatedError
+from ..errors import NotFoundError
+from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key
+
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+# S3 answers 409 when two conditional writes of one key overlap; the loser
+# may retry and then sees 412.
+_CREATE_ATTEMPTS = 5
+
+
+def _client_error() -> type[Exception]:
+    from botocore.exceptions import ClientError  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+    cls: type[Exception] = ClientError
+    return cls
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    from botocore.exceptions import (  # type: ignore[import-untyped, import-not-found, unused-ignore]
+        BotoCoreError,
+        ClientError,
+    )
+
+    return (BotoCoreError, ClientError, OSError)
+
+
+def _code(exc: Exception) -> str:
+    response: dict[str, Any] = getattr(exc, "response", {}) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+class S3Storage(Storage):
+    """Objects under ``s3://bucket/prefix/``."""
+
+    def __init__(
+        self, bucket: str, prefix: str = "", *, client: Any = None,
+        endpoint_url: str | None = None,
+    ) -> None:  # fmt: skip
+        if not bucket:
+            raise BadArgumentError("an S3 URL needs a bucket: s3://BUCKET/PREFIX")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.url = f"s3://{bucket}/{self.prefix}"
+        if client is None:
+            import boto3  # type: ignore[import-untyped, import-not-found, unused-ignore]
+            from botocore.config import Config  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+            config = Config(retries={"max_attempts": 3, "mode": "standard"})
+            client = boto3.client("s3", endpoint_url=endpoint_url, config=config)
+        self.client = client
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def _fail(self, key: str, exc: Exception) -> StorageError | NotFoundError:
+        if _code(exc) in _NOT_FOUND:
+            return NotFoundError(f"{self.url}: no object {key}")
+        return StorageError(f"{self.url}{key}: {exc}")
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except _transport_errors() as exc:
+            err = self._fail(key, exc)
+            if isinstance(err, NotFoundError):
+                return None
+            raise err from exc
+        return ObjectInfo(key, int(head["ContentLength"]))
+
+    def _get(self, key: str, byte_range: str | None) -> Any:
+        kwargs = {"Range": byte_range} if byte_range else {}
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key), **kwargs)["Body"]
+        except _transport_errors() as exc:
+            raise self._fail(key, exc) from exc
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        if length == 0:
+            return b""
+        body = self._get(key, f"bytes={start}-{start + length - 1}")
+        try:
+            data = bytes(body.read())
+        except _transport_errors() as exc:
+            raise self._fail(key, exc) from exc
+        if len(data) != length:
+            raise TruncatedError(f"{key}: {length} bytes at {start} run past its end")
+        return data
+
+    def stream(self, key: str, start: int = 0) -> Iterator[bytes]:
+        body = self._get(key, f"bytes={start}-" if start else None)
+        try:
+            yield from body.iter_chunks(STREAM_BLOCK)
+        except _transport_errors() as exc:
+            raise self._fail(key, exc) from exc
+        finally:
+            body.close()
+
+    def put_file(self, key: str, path: Path, progress: Progress | None = None) -> None:
+        try:
+            self.client.upload_file(str(path), self.bucket, self._key(key), Callback=progress)
+        except _transport_errors() as exc:
+            raise self._fail(key, exc) from exc
+
+    def create(self, key: str, data: bytes) -> bool:
+        for _ in range(_CREATE_ATTEMPTS):
+            try:
+                self.client.put_object(
+                    Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
+                )
+                return True
+            except _client_error() as exc:
+                if _code(exc) in ("PreconditionFailed", "412"):
+                    return False
+                if _code(exc) != "ConditionalRequestConflict":
+                    raise self._fail(key, exc) from exc
+            except _transport_errors() as exc:
+                raise self._fail(key, exc) from exc
+        raise StorageError(f"{self.url}{key}: conditional write kept conflicting")
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        found = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    found.append(ObjectInfo(obj["Key"][len(self.prefix) :], int(obj["Size"])))
+        except _transport_errors() as exc:
+            raise self._fail(prefix, exc) from exc
+        return sorted(found, key=lambda o: o.key)
+
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except _transport_errors() as exc:
+            raise self._fail(key, exc) from exc

@@ -1,0 +1,170 @@
+"""A chain in storage: manifest revisions, verified uploads, a verified download cache.
+
+Publishing (SPEC.md "Concurrency"): a writer uploads every new file, reads it
+back and checks its digest, and only then creates the next manifest revision
+with a create-only write.  If another writer took that revision number first,
+the update is re-applied to the newer manifest and retried, so no version is
+lost.  Readers take the highest revision and refuse one lower than a revision
+they have already seen.
+
+Downloads land in ``<cache>/partial/`` (kept across interruptions and
+continued with ranged reads), are checked against the manifest's digest and
+only then moved to ``<cache>/objects/<digest>``: a cached file is verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import blake3
+
+from ..atomic import TMP_PREFIX
+from ..errors import ChecksumMismatchError, StorageError
+from .errors import ConflictError, ManifestInvalidError, NotFoundError
+from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
+from .storage.base import Progress, Storage, download
+
+PUBLISH_ATTEMPTS = 50
+_HASH_BLOCK = 1 << 22
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    """BLAKE3 (``"blake3"``) or SHA-256 (``"sha256"``) of a file, hex."""
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO) if algorithm == "blake3" else hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(_HASH_BLOCK):
+                h.update(block)
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc}") from exc
+    return str(h.hexdigest())
+
+
+class Chain:
+    """One chain: ``storage`` holds it, ``cache`` (optional) keeps verified downloads."""
+
+    def __init__(self, storage: Storage, cache: Path | None = None) -> None:
+        self.storage = storage
+        self.cache = cache
+        self.seen_revision = 0
+
+    # ------------------------------------------------------------ manifests
+
+    def revisions(self) -> list[int]:
+        """Manifest revision numbers present in storage, ascending."""
+        found = (revision_of_key(o.key) for o in self.storage.list(MANIFEST_PREFIX))
+        return sorted(r for r in found if r is not None)
+
+    def manifest(self, revision: int) -> Manifest:
+        return parse_manifest(self.storage.read(revision_key(revision)), expected_revision=revision)
+
+    def head(self) -> Manifest:
+        """The highest manifest revision; NotFoundError if the chain has none."""
+        revisions = self.revisions()
+        if not revisions:
+            raise NotFoundError(f"{self.storage.url}: no chain here (no manifest revision)")
+        if revisions[-1] < self.seen_revision:
+            raise ManifestInvalidError(
+                f"head revision {revisions[-1]} is older than revision {self.seen_revision} "
+                "seen before (rolled back storage?)"
+            )
+        m = self.manifest(revisions[-1])
+        self.seen_revision = m.revision
+        return m
+
+    def create_first(self, m: Manifest) -> Manifest:
+        if self.revisions() or not self.storage.create(revision_key(1), m.to_bytes()):
+            raise ConflictError(f"{self.storage.url}: a chain already exists here")
+        self.seen_revision = 1
+        return m
+
+    def publish(self, update: Callable[[Manifest], Manifest]) -> Manifest:
+        """Create the revision ``update(head)``; on a lost race re-read and retry."""
+        for attempt in range(PUBLISH_ATTEMPTS):
+            current = self.head()
+            new = update(current)
+            self._check_files(current, new)
+            if self.storage.create(revision_key(new.revision), new.to_bytes()):
+                self.seen_revision = new.revision
+                return new
+            time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+        raise ConflictError(f"{self.storage.url}: gave up after {PUBLISH_ATTEMPTS} lost races")
+
+    def _check_files(self, old: Manifest, new: Manifest) -> None:
+        """Every file ``new`` adds must already be stored with its recorded size."""
+        known = {k.key for k in old.links} | {f.key for s in old.snapshots for f in s.files}
+        wanted = [(k.key, k.size) for k in new.links]
+        wanted += [(f.key, f.size) for s in new.snapshots for f in s.files]
+        for key, size in wanted:
+            if key in known:
+                continue
+            info = self.storage.stat(key)
+            if info is None or info.size != size:
+                raise NotFoundError(f"refusing to publish: {key} is not stored with {size} bytes")
+
+    # ------------------------------------------------------------ files
+
+    def upload(
+        self, key: str, path: Path, digest: str, algorithm: str,
+        progress: Progress | None = None,
+    ) -> None:  # fmt: skip
+        """Store ``path`` at content-addressed ``key``, then read it back and check it.
+
+        An object already at ``key`` with the right digest is kept (uploads
+        are idempotent); a wrong one is replaced.
+        """
+        size = path.stat().st_size
+        info = self.storage.stat(key)
+        if info is None or info.size != size or self._stored_digest(key, algorithm) != digest:
+            self.storage.put_file(key, path, progress)
+            if self._stored_digest(key, algorithm) != digest:
+                raise ChecksumMismatchError(f"{key}: stored bytes differ from the upload")
+
+    def _stored_digest(self, key: str, algorithm: str) -> str:
+        h = blake3.blake3() if algorithm == "blake3" else hashlib.sha256()
+        for block in self.storage.stream(key):
+            h.update(block)
+        return str(h.hexdigest())
+
+    def cached_path(self, digest: str) -> Path | None:
+        if self.cache is None:
+            return None
+        path = self.cache / "objects" / digest
+        return path if path.is_file() else None
+
+    def is_cached(self, digest: str) -> bool:
+        return self.cached_path(digest) is not None
+
+    def fetch(
+        self, key: str, size: int, digest: str, algorithm: str,
+        progress: Progress | None = None,
+    ) -> Path:  # fmt: skip
+        """A verified local copy of ``key`` (from the cache, else downloaded into it)."""
+        if self.cache is None:
+            raise StorageError("a cache folder is needed to download files")
+        done = self.cached_path(digest)
+        if done is not None:
+            return done
+        for sub in ("partial", "objects"):
+            (self.cache / sub).mkdir(parents=True, exist_ok=True)
+        part = self.cache / "partial" / f"{digest}.part"
+        download(self.storage, key, part, size, progress)
+        if file_digest(part, algorithm) != digest:
+            part.unlink()
+            raise ChecksumMismatchError(f"{key}: downloaded bytes do not match the manifest digest")
+        final = self.cache / "objects" / digest
+        os.replace(part, final)
+        return final
+
+    def scratch(self) -> Path:
+        """A folder for temporary files beside the cache."""
+        if self.cache is None:
+            raise StorageError("a cache folder is needed")
+        path = self.cache / f"{TMP_PREFIX}scratch"
+        path.mkdir(parents=True, exist_ok=True)
+        return path

@@ -1,0 +1,5 @@
+"""``python -m wdelta.conformance``."""
+
+from .cli import main
+
+main()

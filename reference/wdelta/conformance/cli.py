@@ -1,0 +1,131 @@
+"""``wdelta conformance run`` / ``python -m wdelta.conformance run``.
+
+Without command templates the reference implementation runs in-process;
+with templates only the profiles given are tested, the others are reported
+as not tested.  Exit status: 0 when every tested case passed (soft failures
+allowed unless ``--strict``), 1 on any failure, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ..errors import BadArgumentError, WdeltaError
+from . import report
+from .impl import Implementation, Reference, Templates
+from .manifest import PROFILES, default_vectors, load
+from .runner import Options, Result, run_all, select
+
+TEMPLATE_OPTIONS = (
+    ("reader", "--reader", "'tool verify {delta}'"),
+    ("decoder", "--decoder", "'tool apply {base} {delta} {out}'"),
+    ("reverse", "--reverse-decoder", "'tool apply --reverse {target} {delta} {out}'"),
+    ("encoder", "--encoder", "'tool diff {base} {target} {out}'"),
+)
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``conformance run``."""
+    for profile, flag, example in TEMPLATE_OPTIONS:
+        p.add_argument(flag, dest=profile, metavar="TEMPLATE",
+                       help=f"command for the {profile} profile, e.g. {example}")  # fmt: skip
+    p.add_argument(
+        "--vectors",
+        type=Path,
+        default=None,
+        help="folder holding manifest.json (default: the installed suite)",
+    )
+    p.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="run only cases whose id matches (repeatable), e.g. 'decoder/*'",
+    )
+    p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.add_argument("--strict", action="store_true", help="a wrong error category fails")
+    p.add_argument("--fail-fast", action="store_true", help="stop after the first failure")
+    p.add_argument("--jobs", "-j", type=int, default=1, help="cases run in parallel")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60)")
+    p.add_argument("--json-report", type=Path, metavar="FILE", help="write a JSON report")
+    p.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep every case's folder (inputs, outputs) under DIR",
+    )
+    p.add_argument("--verbose", "-v", action="store_true", help="print every case's result")
+
+
+def add_subcommands(parser: argparse.ArgumentParser) -> None:
+    """``conformance run`` under ``parser`` (used by the ``wdelta`` command too)."""
+    sub = parser.add_subparsers(dest="conformance_command", required=True)
+    run = sub.add_parser("run", help="run the conformance suite against an implementation")
+    add_run_arguments(run)
+
+
+def _implementation(args: argparse.Namespace) -> tuple[Implementation, dict[str, Any]]:
+    templates = {p: getattr(args, p) for p in PROFILES if getattr(args, p)}
+    described: dict[str, Any] = {"templates": {p: templates.get(p) for p in PROFILES}}
+    if not templates:
+        return Reference(), {"kind": "reference", **described}
+    return Templates(templates), {"kind": "templates", **described}
+
+
+def _printer(verbose: bool) -> Any:
+    lock = threading.Lock()
+
+    def show(r: Result) -> None:
+        if verbose:
+            with lock:
+                print(f"{r.status:10} {r.case.id}  {r.message}", flush=True)
+
+    return show
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``conformance run`` from parsed arguments; returns the exit status."""
+    if args.jobs < 1 or args.timeout <= 0:
+        raise BadArgumentError("--jobs must be >= 1 and --timeout > 0")
+    manifest = load(args.vectors or default_vectors(), check_files=not args.list)
+    cases = select(manifest.cases, args.filter)
+    if not cases:
+        raise BadArgumentError(f"no case matches {args.filter}")
+    if args.list:
+        for c in cases:
+            print(f"{c.id}\t{c.profile}\t{c.section}\t{c.expected}")
+        return 0
+    impl, described = _implementation(args)
+    opts = Options(args.timeout, args.jobs, args.strict, args.fail_fast, args.work_dir)
+    results = run_all(manifest, cases, impl, opts, _printer(args.verbose))
+    sys.stdout.write(report.text(results, impl.name, manifest))
+    if args.json_report is not None:
+        report.write_json(args.json_report, report.to_json(results, manifest, described, opts,
+                                                           args.filter))  # fmt: skip
+    if args.junit is not None:
+        report.junit(results).write(args.junit, encoding="utf-8", xml_declaration=True)
+    return 0 if report.passed(results) else 1
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise BadArgumentError(message)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """``python -m wdelta.conformance``."""
+    parser = _Parser(prog="python -m wdelta.conformance",
+                     description="The wdelta conformance suite.")  # fmt: skip
+    add_subcommands(parser)
+    try:
+        status = run_command(parser.parse_args(argv))
+    except WdeltaError as exc:
+        print(f"error: {exc.category}: {exc}", file=sys.stderr)
+        status = 2
+    sys.exit(status)

@@ -1,0 +1,156 @@
+"""The vector manifest: loading, schema validation and integrity of the vector files.
+
+``manifest.json`` (schema ``conformance-manifest``) lists every case with its
+inputs (paths relative to the manifest, with sha256) and the expected outcome.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from .. import schemas
+from ..errors import BadArgumentError
+
+PROFILES = ("reader", "decoder", "reverse", "encoder")
+ROLES = {
+    "reader": ("delta",),
+    "decoder": ("base", "delta", "out"),
+    "reverse": ("target", "delta", "out"),
+    "encoder": ("base", "target", "out"),
+}
+_HERE = Path(__file__).resolve().parent
+# An installed wheel carries the vectors inside the package; a source checkout
+# keeps them at the repository's top level.
+_CANDIDATES = (_HERE / "data", _HERE.parents[2] / "conformance")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Input:
+    """A vector file, or a folder (sharded checkpoint) of files, with their sha256."""
+
+    path: str
+    files: dict[str, str]
+    is_folder: bool
+
+
+@dataclass(frozen=True)
+class Output:
+    """An expected checkpoint: file sha256s (``"."`` for a single file) and tensor sha256s."""
+
+    layout: str
+    files: dict[str, str]
+    tensors: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case of the suite."""
+
+    id: str
+    profile: str
+    description: str
+    section: str
+    rule: str
+    inputs: dict[str, Input]
+    out: str | None
+    outcome: str
+    category: str | None
+    output: Output | None
+    reverse_output: Output | None
+    max_delta_bytes: int | None
+
+    @property
+    def expected(self) -> str:
+        """``valid`` or ``invalid: CATEGORY``."""
+        return "valid" if self.outcome == "valid" else f"invalid: {self.category}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A loaded manifest: ``root`` is its folder, ``raw`` its JSON, ``sha256`` its hash."""
+
+    root: Path
+    raw: dict[str, Any]
+    cases: tuple[Case, ...]
+    sha256: str
+
+
+def default_vectors() -> Path:
+    """The installed vectors, else the repository's ``conformance/`` folder."""
+    for folder in _CANDIDATES:
+        if (folder / "manifest.json").is_file():
+            return folder
+    raise BadArgumentError("conformance vectors not found: pass --vectors DIR")
+
+
+def _output(raw: dict[str, Any] | None) -> Output | None:
+    if raw is None:
+        return None
+    if raw["layout"] == "file":
+        files = {".": raw["sha256"]}
+    else:
+        files = {name: f["sha256"] for name, f in raw["files"].items()}
+    return Output(raw["layout"], files, raw["tensors"])
+
+
+def _input(raw: dict[str, Any]) -> Input:
+    if "files" in raw:
+        return Input(raw["path"], dict(raw["files"]), True)
+    return Input(raw["path"], {".": raw["sha256"]}, False)
+
+
+def _case(raw: dict[str, Any]) -> Case:
+    expect = raw["expect"]
+    return Case(
+        raw["id"], raw["profile"], raw["description"], raw["spec"]["section"],
+        raw["spec"]["rule"], {role: _input(v) for role, v in raw["inputs"].items()},
+        raw.get("out"), expect["outcome"], expect.get("category"), _output(expect.get("output")),
+        _output(expect.get("reverse_output")), expect.get("max_delta_bytes"),
+    )  # fmt: skip
+
+
+def load(root: Path, check_files: bool = True) -> Manifest:
+    """Read and validate ``root/manifest.json``; optionally hash every vector file."""
+    path = root / "manifest.json"
+    try:
+        data = path.read_bytes()
+        raw = json.loads(data)
+        schemas.validator("conformance-manifest").validate(raw)
+    except (OSError, ValueError, jsonschema.ValidationError) as exc:
+        raise BadArgumentError(f"{path}: not a valid conformance manifest: {exc}") from exc
+    manifest = Manifest(root, raw, tuple(_case(c) for c in raw["cases"]),
+                        hashlib.sha256(data).hexdigest())  # fmt: skip
+    if check_files:
+        check_vector_files(manifest)
+    return manifest
+
+
+def input_files(root: Path, item: Input) -> dict[Path, str]:
+    """Every file of an input with its expected sha256."""
+    base = root / item.path
+    return {base if name == "." else base / name: digest for name, digest in item.files.items()}
+
+
+def check_vector_files(manifest: Manifest) -> None:
+    """Every vector file must hash to the manifest's sha256 (a damaged copy is refused)."""
+    seen: dict[Path, str] = {}
+    for case in manifest.cases:
+        for item in case.inputs.values():
+            seen.update(input_files(manifest.root, item))
+    for path, digest in sorted(seen.items()):
+        if not path.is_file() or sha256_file(path) != digest:
+            raise BadArgumentError(f"vector file {path} is missing or does not match the manifest")

@@ -1,0 +1,146 @@
+"""Deliberately broken implementations around the reference CLI, for the conformance tests.
+
+    python tests/broken_impl.py MODE verify DELTA
+    python tests/broken_impl.py MODE apply [--reverse] INPUT DELTA OUT
+    python tests/broken_impl.py MODE diff BASE TARGET OUT
+
+MODE ``faithful`` is the reference itself; each other mode breaks one
+promise of SPEC.md, and the conformance suite must catch it:
+``ignore-checksums``, ``clamp-indices``, ``nan-canonical``, ``never-refuse``,
+``partial-output``, ``wrong-category`` (refuses with io-error) and
+``modify-input`` (appends a byte to the delta it reads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import wdelta.container
+import wdelta.encodings.positions
+from wdelta import cli
+from wdelta.checkpoint.source import pread_into
+
+# Bit patterns of the canonical quiet NaN per float dtype, and its exponent mask.
+_NAN = {"F16": (0x7E00, 0x7C00, 0x03FF), "BF16": (0x7FC0, 0x7F80, 0x007F),
+        "F32": (0x7FC00000, 0x7F800000, 0x007FFFFF),
+        "F64": (0x7FF8000000000000, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF)}  # fmt: skip
+_SIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
+
+
+class _Anything(bytes):
+    """Compares unequal to nothing: makes the header digest check pass."""
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+
+def ignore_checksums() -> None:
+    """Skip the header digest and blob checksum checks."""
+    parse_prefix = wdelta.container.parse_prefix
+
+    def lenient_prefix(prefix: bytes, size: int) -> tuple[int, bytes, int]:
+        n, _, d = parse_prefix(prefix, size)
+        return n, _Anything(), d
+
+    def read_blob(self: Any, chunk: Any) -> bytes:
+        buf = bytearray(chunk.length)
+        pread_into(self._fd, memoryview(buf), self.data_start + chunk.offset)
+        return bytes(buf)
+
+    wdelta.container.parse_prefix = lenient_prefix  # type: ignore[assignment]
+    wdelta.container.DeltaFile.read_blob = read_blob  # type: ignore[method-assign]
+
+
+def clamp_indices() -> None:
+    """Move sparse positions past the chunk to its last element instead of refusing."""
+
+    def bitmap_decode(data: Any, count: int, m: int) -> Any:
+        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
+        return np.minimum(np.flatnonzero(bits), m - 1).astype(np.int64)
+
+    def rice_decode(unary: Any, remainders: Any, k: int, count: int, m: int) -> Any:
+        ubits = np.unpackbits(np.frombuffer(unary, dtype=np.uint8), bitorder="little")
+        rbits = np.unpackbits(np.frombuffer(remainders, dtype=np.uint8), bitorder="little")
+        positions, prev, start = [], -1, 0
+        for i, one in enumerate(np.flatnonzero(ubits)[:count]):
+            rem = sum(int(rbits[i * k + j]) << j for j in range(k))
+            prev = prev + 1 + ((int(one) - start) << k) + rem
+            start = int(one) + 1
+            positions.append(min(prev, m - 1))
+        return np.array(positions, dtype=np.int64)
+
+    wdelta.encodings.positions.bitmap_decode = bitmap_decode
+    wdelta.encodings.positions.rice_decode = rice_decode
+
+
+def canonicalize_nans(out: Path) -> None:
+    """Rewrite every NaN of a float tensor in the output as the canonical quiet NaN."""
+    for path in sorted(out.glob("*.safetensors")) if out.is_dir() else [out]:
+        data = bytearray(path.read_bytes())
+        (n,) = struct.unpack_from("<Q", data)
+        header = json.loads(data[8 : 8 + n])
+        for name, info in header.items():
+            if name == "__metadata__" or info["dtype"] not in _NAN:
+                continue
+            nan, exponent, mantissa = _NAN[info["dtype"]]
+            begin, end = (8 + n + o for o in info["data_offsets"])
+            words = np.frombuffer(data, dtype=f"<u{_SIZE[info['dtype']]}", count=(end - begin)
+                                  // _SIZE[info["dtype"]], offset=begin).copy()  # fmt: skip
+            is_nan = ((words & exponent) == exponent) & ((words & mantissa) != 0)
+            words[is_nan] = nan
+            data[begin:end] = words.tobytes()
+        path.write_bytes(bytes(data))
+
+
+def _argv(args: list[str]) -> tuple[list[str], Path | None, Path | None]:
+    """Reference CLI arguments, the output path and the input checkpoint."""
+    op, rest = args[0], args[1:]
+    if op == "verify":
+        return ["verify", "-q", *rest], None, None
+    reverse = rest[0] == "--reverse"
+    if reverse:
+        rest = rest[1:]
+    a, b, out = rest
+    command = ["apply", a, b] if op == "apply" else ["diff", a, b]
+    return [*command, "-o", out, "-q", *(["--reverse"] if reverse else [])], Path(out), Path(a)
+
+
+def main(mode: str, args: list[str]) -> int:
+    argv, out, source = _argv(args)
+    if mode == "ignore-checksums":
+        ignore_checksums()
+    if mode == "clamp-indices":
+        clamp_indices()
+    if mode == "never-refuse":
+        cli.run(argv)
+        if out is not None and not out.exists() and source is not None:
+            shutil.copyfile(source, out) if source.is_file() else shutil.copytree(source, out)
+        return 0
+    if mode == "modify-input":
+        delta = Path(args[-1] if args[0] == "verify" else args[-2])
+        delta.write_bytes(delta.read_bytes() + b"\x00")
+    if mode == "wrong-category":
+        with contextlib.redirect_stderr(io.StringIO()):
+            status = cli.run(argv)
+        if status:
+            print("error: io-error: the real category was hidden", file=sys.stderr)
+        return status
+    status = cli.run(argv)
+    if mode == "nan-canonical" and status == 0 and out is not None and args[0] == "apply":
+        canonicalize_nans(out)
+    if mode == "partial-output" and status != 0 and out is not None:
+        out.write_bytes(b"partial")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2:]))

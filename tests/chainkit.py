@@ -1,0 +1,178 @@
+"""Helpers for the chain tests: training-like checkpoints, a loopback S3 server,
+a TCP proxy that cuts or slows connections, and a storage that fails on cue."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+import kit
+from wdelta.chain.storage.base import ObjectInfo, Progress, Storage
+from wdelta.errors import StorageError
+
+
+class Trainer:
+    """bf16 weights that change ~``density`` of their elements per step, plus a
+    tensor that is added at some step and one whose dtype changes."""
+
+    def __init__(self, rows: int = 256, cols: int = 1024, seed: int = 0, density: float = 0.02):
+        self.rng = np.random.default_rng(seed)
+        self.density = density
+        self.w: dict[str, Any] = {
+            f"layer{i}.weight": self.rng.standard_normal((rows, cols)).astype(ml_dtypes.bfloat16)
+            for i in range(3)
+        }
+        self.w["norm.bias"] = np.zeros(cols, np.float32)
+        self.w["step"] = np.array(0, np.int64)
+
+    def step(self, n: int) -> None:
+        for name in [k for k in self.w if k.startswith("layer")]:
+            a = self.w[name].astype(np.float32)
+            hit = self.rng.random(a.shape) < self.density
+            a[hit] += self.rng.standard_normal(int(hit.sum())).astype(np.float32) * 0.05
+            self.w[name] = a.astype(ml_dtypes.bfloat16)
+        self.w["norm.bias"] = self.w["norm.bias"] + np.float32(1e-3)
+        self.w["step"] = np.array(n, np.int64)
+        if n == 5:
+            self.w["extra.scale"] = np.full(16, n, np.float32)
+        if n == 9:
+            self.w["extra.scale"] = self.w["extra.scale"].astype(np.float16)
+
+    def save(self, path: Path) -> Path:
+        raw = {name: kit.as_raw(a) for name, a in self.w.items()}
+        path.write_bytes(kit.safetensors_bytes(raw, {"format": "pt"}))
+        return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class S3Server:
+    """moto's standalone S3 server on 127.0.0.1 (a real HTTP server in a thread)."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no per-request log lines
+        self.port = free_port()
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def client(self, endpoint: str | None = None) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=endpoint or self.endpoint, region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+            config=Config(retries={"max_attempts": 1, "mode": "standard"},
+                          connect_timeout=5, read_timeout=10),
+        )  # fmt: skip
+
+    def new_bucket(self) -> str:
+        name = f"chain-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class Proxy:
+    """A loopback TCP proxy to ``port``; ``cut_after`` closes every connection once
+    that many response bytes went through it, ``delay`` slows each 16 KiB block."""
+
+    def __init__(self, port: int, cut_after: int | None = None, delay: float = 0.0) -> None:
+        self.upstream = port
+        self.cut_after = cut_after
+        self.delay = delay
+        self.sent = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, response: bool) -> None:
+        try:
+            while block := src.recv(16384):
+                if response and self.cut_after is not None and self.sent >= self.cut_after:
+                    break
+                if response:
+                    self.sent += len(block)
+                    time.sleep(self.delay)
+                dst.sendall(block)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+class FailingStorage(Storage):
+    """Wraps a storage; the stream of a key matching ``key_part`` fails after
+    ``fail_after`` bytes, once (a connection lost mid-download)."""
+
+    def __init__(self, inner: Storage, key_part: str, fail_after: int) -> None:
+        self.inner, self.key_part, self.fail_after = inner, key_part, fail_after
+        self.url = inner.url
+        self.failed = False
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        return self.inner.stat(key)
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        return self.inner.read_range(key, start, length)
+
+    def stream(self, key: str, start: int = 0) -> Iterator[bytes]:
+        sent = 0
+        for block in self.inner.stream(key, start):
+            if not self.failed and self.key_part in key and sent + len(block) > self.fail_after:
+                self.failed = True
+                yield block[: self.fail_after - sent]
+                raise StorageError("injected: connection lost")
+            sent += len(block)
+            yield block
+
+    def put_file(self, key: str, path: Path, progress: Progress | None = None) -> None:
+        self.inner.put_file(key, path, progress)
+
+    def create(self, key: str, data: bytes) -> bool:
+        return self.inner.create(key, data)
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)

@@ -1,0 +1,197 @@
+"""The Hugging Face Hub backend: everything that can be checked offline against an
+in-memory stand-in for ``HfApi``/``HfFileSystem``, and live tests when a token and a
+test location are configured."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chainkit import Trainer
+from wdelta import chain
+from wdelta.chain.storage.hf import HfStorage, parse_hf_url
+from wdelta.errors import WdeltaError
+
+
+@dataclass
+class _Response:
+    status_code: int
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.response = _Response(status)
+
+
+class FakeHub:
+    """Files of one repo or bucket as ``fs path -> bytes``; both the api and the fs."""
+
+    def __init__(self, root: str) -> None:
+        self.root, self.files, self.sha, self.moves = root, {}, 0, 0  # type: ignore[var-annotated]
+        self.commits: list[str | None] = []
+
+    # -- HfFileSystem
+    def info(self, path: str, refresh: bool = False) -> dict[str, Any]:
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        return {"type": "file", "size": len(self.files[path])}
+
+    def cat_file(self, path: str, start: int, end: int) -> bytes:
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        return bytes(self.files[path][start:end])
+
+    def find(self, root: str, detail: bool, refresh: bool) -> dict[str, Any]:
+        return {p: self.info(p) for p in self.files if p.startswith(root + "/")}
+
+    # -- HfApi (paths relative to the repo; the chain prefix is part of them)
+    def _path(self, in_repo: str) -> str:
+        parts = self.root.split("/")
+        repo_root = "/".join(parts[:3] if parts[0] in ("buckets", "datasets") else parts[:2])
+        return f"{repo_root}/{in_repo}"
+
+    def repo_info(self, repo_id: str, repo_type: str) -> Any:
+        return type("Info", (), {"sha": f"sha{self.sha}"})()
+
+    def file_exists(self, repo_id: str, path: str, repo_type: str, revision: str) -> bool:
+        return self._path(path) in self.files
+
+    def create_commit(self, repo_id: str, operations: list[Any], **kw: Any) -> None:
+        self.commits.append(kw.get("parent_commit"))
+        if self.moves:  # another writer committed since parent_commit was read
+            self.moves -= 1
+            self.sha += 1
+            raise _HttpError(412)
+        if kw.get("parent_commit") != f"sha{self.sha}":
+            raise _HttpError(412)
+        for op in operations:
+            self.files[self._path(op.path_in_repo)] = op.path_or_fileobj
+        self.sha += 1
+
+    def upload_file(self, path_or_fileobj: str, path_in_repo: str, **kw: Any) -> None:
+        self.files[self._path(path_in_repo)] = Path(path_or_fileobj).read_bytes()
+        self.sha += 1
+
+    def delete_file(self, path_in_repo: str, repo_id: str, repo_type: str) -> None:
+        if self._path(path_in_repo) not in self.files:
+            raise _HttpError(404)
+        del self.files[self._path(path_in_repo)]
+
+    def batch_bucket_files(
+        self, bucket_id: str, add: list[Any] | None = None, delete: list[str] | None = None
+    ) -> None:
+        for src, dest in add or []:
+            data = src if isinstance(src, bytes) else Path(src).read_bytes()
+            self.files[self._path(dest)] = data
+        for dest in delete or []:
+            self.files.pop(self._path(dest), None)
+
+
+def hf(url: str) -> tuple[HfStorage, FakeHub]:
+    hub = FakeHub(parse_hf_url(url).fs_root)
+    return HfStorage(url, api=hub, fs=hub), hub
+
+
+def test_urls() -> None:
+    assert parse_hf_url("hf://buckets/me/b/run1") == parse_hf_url("hf://buckets/me/b/run1/")
+    loc = parse_hf_url("hf://buckets/me/b/run1/x")
+    assert (loc.kind, loc.repo_id, loc.prefix, loc.fs_root) == (
+        "bucket", "me/b", "run1/x", "buckets/me/b/run1/x",
+    )  # fmt: skip
+    loc = parse_hf_url("hf://me/model")
+    assert (loc.kind, loc.repo_id, loc.prefix, loc.fs_root) == ("model", "me/model", "", "me/model")
+    assert parse_hf_url("hf://datasets/me/d/c").fs_root == "datasets/me/d/c"
+    assert parse_hf_url("hf://models/me/m").kind == "model"
+    for bad in ("hf://", "hf://me", "hf://buckets/me"):
+        with pytest.raises(WdeltaError) as info:
+            parse_hf_url(bad)
+        assert info.value.category == "bad-argument"
+
+
+@pytest.mark.parametrize("url", ["hf://me/model/chain", "hf://buckets/me/b/run1"])
+def test_semantics(url: str, tmp_path: Path) -> None:
+    st, hub = hf(url)
+    src = tmp_path / "f"
+    src.write_bytes(os.urandom(20_000))
+    st.put_file("deltas/x.wdelta", src)
+    assert f"{hub.root}/deltas/x.wdelta" in hub.files
+    assert st.stat("deltas/x.wdelta") == chain.ObjectInfo("deltas/x.wdelta", 20_000)
+    assert st.read_range("deltas/x.wdelta", 100, 50) == src.read_bytes()[100:150]
+    assert b"".join(st.stream("deltas/x.wdelta", 7)) == src.read_bytes()[7:]
+    assert st.create("manifests/rev-000000000001.json", b"a") is True
+    assert st.create("manifests/rev-000000000001.json", b"b") is False
+    assert st.read("manifests/rev-000000000001.json") == b"a"
+    assert [o.key for o in st.list("manifests/")] == ["manifests/rev-000000000001.json"]
+    st.delete("deltas/x.wdelta")
+    st.delete("deltas/x.wdelta")
+    assert st.stat("deltas/x.wdelta") is None
+    for call in (lambda: st.read("deltas/x.wdelta"), lambda: st.read_range("nope", 0, 1)):
+        with pytest.raises(WdeltaError) as info:
+            call()
+        assert info.value.category == "not-found"
+    with pytest.raises(WdeltaError) as info:
+        st.read_range("manifests/rev-000000000001.json", 0, 5)
+    assert info.value.category == "truncated"
+
+
+def test_repo_create_retries_when_the_head_moves() -> None:
+    st, hub = hf("hf://me/model")
+    hub.moves = 2
+    assert st.create("manifests/rev-000000000001.json", b"x") is True
+    assert hub.commits == ["sha0", "sha1", "sha2"]
+    hub.moves = 100
+    with pytest.raises(WdeltaError) as info:
+        st.create("manifests/rev-000000000002.json", b"x")
+    assert info.value.category == "io-error"
+
+
+def test_a_chain_over_the_hub_backend(tmp_path: Path) -> None:
+    st, _ = hf("hf://buckets/me/b/run1")
+    t = Trainer(rows=32, cols=64)
+    ckpts = [t.save(tmp_path / "c0.safetensors")]
+    c = chain.Chain(st, tmp_path / "cache")
+    chain.init(c, ckpts[0])
+    for n in (1, 2):
+        t.step(n)
+        ckpts.append(t.save(tmp_path / f"c{n}.safetensors"))
+        chain.append(c, ckpts[n], ckpts[n - 1])
+    local = tmp_path / "node.safetensors"
+    chain.pull(chain.Chain(st, tmp_path / "n-cache"), local)
+    assert local.read_bytes() == ckpts[2].read_bytes()
+    chain.pull(chain.Chain(st), tmp_path / "p.safetensors", tensors="layer2.*", to=1)
+    chain.verify(c, deep=True)
+
+
+LIVE_URL = os.environ.get("WDELTA_HF_TEST_URL")
+
+
+@pytest.mark.skipif(
+    not (os.environ.get("HF_TOKEN") and LIVE_URL),
+    reason="live Hub test: set HF_TOKEN and WDELTA_HF_TEST_URL (e.g. hf://buckets/ME/wdelta-test), "
+    "a bucket or repo the token may write to",
+)
+def test_live_hub_chain(tmp_path: Path) -> None:
+    assert LIVE_URL is not None
+    st = HfStorage(f"{LIVE_URL.rstrip('/')}/{uuid.uuid4().hex[:12]}")
+    t = Trainer(rows=32, cols=64)
+    ckpts = [t.save(tmp_path / "c0.safetensors")]
+    c = chain.Chain(st, tmp_path / "cache")
+    chain.init(c, ckpts[0])
+    t.step(1)
+    ckpts.append(t.save(tmp_path / "c1.safetensors"))
+    chain.append(c, ckpts[1], ckpts[0])
+    local = tmp_path / "node.safetensors"
+    chain.pull(chain.Chain(st, tmp_path / "n-cache"), local)
+    assert local.read_bytes() == ckpts[1].read_bytes()
+    assert st.create("manifests/rev-000000000002.json", b"taken") is False
+    m = c.head()
+    header = st.read_range(m.links[0].key, 0, 64)
+    assert header[:8] == b"\x89WDELTA\n"
+    for obj in st.list(""):
+        st.delete(obj.key)

@@ -1,0 +1,288 @@
+"""The conformance suite: its vectors, its runner, and that it catches broken implementations.
+
+The vectors must regenerate byte for byte and match the manifest; the
+reference must pass every case (but the known reference bugs listed in
+conformance/generate.py); deliberately broken wrappers around the reference
+(tests/broken_impl.py) must fail on the cases that check what they break.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from wdelta import cli, schemas
+from wdelta.conformance import (
+    Manifest,
+    Options,
+    Reference,
+    Result,
+    Templates,
+    load,
+    report,
+    run_all,
+    select,
+)
+from wdelta.conformance.impl import Outcome, category_of
+from wdelta.conformance.manifest import PROFILES
+from wdelta.errors import CATEGORIES, BadArgumentError
+
+REPO = Path(__file__).resolve().parents[1]
+VECTORS = REPO / "conformance"
+BROKEN = Path(__file__).with_name("broken_impl.py")
+PYTHON = shlex.quote(sys.executable)
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("conformance_generate", VECTORS / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def manifest() -> Manifest:
+    return load(VECTORS)
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """Case folders on a RAM disk when there is one: decoders fsync every output."""
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
+        yield Path(tmp)
+
+
+def _run(manifest: Manifest, patterns: Sequence[str], impl: Templates | Reference,
+         scratch: Path, strict: bool = False) -> dict[str, Result]:  # fmt: skip
+    cases = select(manifest.cases, patterns)
+    assert cases, patterns
+    opts = Options(timeout=60, jobs=2, strict=strict, scratch=scratch)
+    return {r.case.id: r for r in run_all(manifest, cases, impl, opts)}
+
+
+def _broken(
+    mode: str, profiles: Sequence[str] = ("reader", "decoder", "reverse", "encoder")
+) -> Templates:
+    tool = f"{PYTHON} {shlex.quote(str(BROKEN))} {mode}"
+    templates = {
+        "reader": f"{tool} verify {{delta}}",
+        "decoder": f"{tool} apply {{base}} {{delta}} {{out}}",
+        "reverse": f"{tool} apply --reverse {{target}} {{delta}} {{out}}",
+        "encoder": f"{tool} diff {{base}} {{target}} {{out}}",
+    }
+    return Templates({p: templates[p] for p in profiles})
+
+
+def test_manifest_lists_exactly_the_vector_files(manifest: Manifest) -> None:
+    listed: set[Path] = set()
+    for case in manifest.cases:
+        assert case.outcome == "valid" or case.category in CATEGORIES
+        for item in case.inputs.values():
+            base = VECTORS / item.path
+            listed |= {base if name == "." else base / name for name in item.files}
+    on_disk = {p for p in (VECTORS / "vectors").rglob("*") if p.is_file()}
+    assert listed == on_disk
+    profiles = {p: sum(c.profile == p for c in manifest.cases) for p in PROFILES}
+    assert min(profiles.values()) > 10, profiles
+
+
+def test_regeneration_is_byte_identical(tmp_path: Path) -> None:
+    assert _generator().main(["--out", str(tmp_path), "--no-check"]) == 0
+    fresh = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    vendored = {Path("manifest.json"): (VECTORS / "manifest.json").read_bytes()}
+    vendored |= {p.relative_to(VECTORS): p.read_bytes()
+                 for p in (VECTORS / "vectors").rglob("*") if p.is_file()}  # fmt: skip
+    assert sorted(fresh) == sorted(vendored)
+    changed = [str(p) for p in fresh if fresh[p] != vendored[p]]
+    assert not changed, f"regenerate with conformance/generate.py: {changed[:5]}"
+
+
+def test_reference_passes_every_case(manifest: Manifest, scratch: Path) -> None:
+    known_bug = _generator().known_bug
+    results = _run(manifest, [], Reference(), scratch, strict=True)
+    failed = {i: r.message for i, r in results.items() if r.status != "pass"}
+    assert {i: m for i, m in failed.items() if not known_bug(i)} == {}
+    assert set(failed) == {i for i in results if known_bug(i)}, "a known bug is fixed: update"
+
+
+REFERENCE_CLI = Templates({
+    "reader": f"{PYTHON} -m wdelta verify -q {{delta}}",
+    "decoder": f"{PYTHON} -m wdelta apply -q {{base}} {{delta}} -o {{out}}",
+    "reverse": f"{PYTHON} -m wdelta apply -q --reverse {{target}} {{delta}} -o {{out}}",
+    "encoder": f"{PYTHON} -m wdelta diff -q {{base}} {{target}} -o {{out}}",
+})  # fmt: skip
+SAMPLE = ["*/valid/host", "*/valid/layout/sharded", "*/invalid/bitmap-trailing-bit",
+          "decoder/base-mismatch/missing-tensor", "reverse/not-reversible/full-chunks",
+          "encoder/sharded", "encoder/invalid/target-dtype-f4"]  # fmt: skip
+
+
+def test_reference_cli_passes_through_templates(manifest: Manifest, scratch: Path) -> None:
+    results = _run(manifest, SAMPLE, REFERENCE_CLI, scratch, strict=True)
+    assert {i: r.message for i, r in results.items() if r.status != "pass"} == {}
+    assert {r.case.profile for r in results.values()} == set(PROFILES)
+
+
+# mode -> (selected cases, cases that must fail, text of their message, cases that must pass)
+BROKEN_CASES = {
+    "ignore-checksums": (
+        ["*/invalid/blob-checksum", "*/invalid/header-corrupted",
+         "reader/invalid/removed-blob-checksum", "decoder/valid/host"],
+        [f"{p}/invalid/{c}" for p in ("reader", "decoder", "reverse")
+         for c in ("blob-checksum", "header-corrupted")] + ["reader/invalid/removed-blob-checksum"],
+        "accepted an invalid input", ["decoder/valid/host"],
+    ),
+    "nan-canonical": (
+        ["decoder/valid/special/F16", "decoder/valid/special/BF16", "decoder/valid/special/F32",
+         "reverse/valid/special/F64", "decoder/valid/special/F8_E5M2",
+         "decoder/valid/matrix/I32/full"],
+        ["decoder/valid/special/F16", "decoder/valid/special/BF16", "decoder/valid/special/F32",
+         "reverse/valid/special/F64"],
+        "elements differ", ["decoder/valid/special/F8_E5M2", "decoder/valid/matrix/I32/full"],
+    ),
+    "clamp-indices": (
+        ["*/invalid/rice-index-past-*", "*/invalid/bitmap-index-past-end",
+         "reader/invalid/bitmap-trailing-bit", "decoder/valid/positions/last-rice-k17"],
+        [f"{p}/invalid/{c}" for p in ("reader", "decoder", "reverse")
+         for c in ("rice-index-past-end", "rice-index-past-2-32", "bitmap-index-past-end")]
+        + ["reader/invalid/bitmap-trailing-bit"],
+        "accepted an invalid input", ["decoder/valid/positions/last-rice-k17"],
+    ),
+    "never-refuse": (
+        ["reader/invalid/bad-magic", "decoder/base-mismatch/unchanged-tensor-bytes",
+         "reverse/not-reversible/removed-dropped", "encoder/invalid/target-truncated",
+         "reader/valid/host"],
+        ["reader/invalid/bad-magic", "decoder/base-mismatch/unchanged-tensor-bytes",
+         "reverse/not-reversible/removed-dropped", "encoder/invalid/target-truncated"],
+        "accepted an invalid input", ["reader/valid/host"],
+    ),
+    "partial-output": (
+        ["*/invalid/blob-checksum", "decoder/base-mismatch/missing-tensor",
+         "decoder/invalid/layout-index-disagrees", "encoder/invalid/target-not-safetensors",
+         "decoder/valid/host"],
+        ["decoder/invalid/blob-checksum", "reverse/invalid/blob-checksum",
+         "decoder/base-mismatch/missing-tensor", "decoder/invalid/layout-index-disagrees",
+         "encoder/invalid/target-not-safetensors"],
+        "left output", ["reader/invalid/blob-checksum", "decoder/valid/host"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", sorted(BROKEN_CASES))
+def test_broken_implementation_is_caught(mode: str, manifest: Manifest, scratch: Path) -> None:
+    patterns, must_fail, why, must_pass = BROKEN_CASES[mode]
+    results = _run(manifest, patterns, _broken(mode), scratch)
+    failed = {i for i, r in results.items() if r.status == "fail"}
+    assert failed == set(must_fail), {i: results[i].message for i in failed ^ set(must_fail)}
+    assert all(why in results[i].message for i in must_fail), [
+        results[i].message for i in must_fail
+    ]
+    assert all(results[i].status == "pass" for i in must_pass)
+    assert not report.passed(list(results.values()))
+
+
+def test_wrong_category_is_a_soft_failure_unless_strict(manifest: Manifest, scratch: Path) -> None:
+    cases = ["reader/invalid/bad-magic", "reader/valid/host"]
+    soft = _run(manifest, cases, _broken("wrong-category", ["reader"]), scratch)
+    assert [soft[c].status for c in cases] == ["soft-fail", "pass"]
+    assert "refused with 'io-error', expected 'bad-magic'" in soft[cases[0]].message
+    assert report.passed(list(soft.values()))
+    hard = _run(manifest, cases[:1], _broken("wrong-category", ["reader"]), scratch, strict=True)
+    assert hard[cases[0]].status == "fail"
+
+
+def test_modified_input_crash_and_timeout_fail(manifest: Manifest, scratch: Path) -> None:
+    modifies = _run(manifest, ["reader/valid/host"], _broken("modify-input", ["reader"]), scratch)
+    assert "modified its input files ['delta/host.wdelta']" in modifies["reader/valid/host"].message
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    crash = Templates({"reader": f"{PYTHON} -c {shlex.quote(kill)} {{delta}}"})
+    crashed = _run(manifest, ["reader/invalid/bad-magic"], crash, scratch)[
+        "reader/invalid/bad-magic"
+    ]
+    assert (crashed.status, crashed.message) == ("fail", "crashed: killed by signal 9")
+    sleep = Templates({"reader": f"{PYTHON} -c 'import time; time.sleep(30)' {{delta}}"})
+    opts = Options(timeout=0.5, scratch=scratch)
+    (slow,) = run_all(manifest, select(manifest.cases, ["reader/valid/host"]), sleep, opts)
+    assert (slow.status, slow.message) == ("fail", "timeout: no exit after 0.5 s")
+
+
+def test_cli_reports_and_untested_profiles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    json_path, junit_path = tmp_path / "r.json", tmp_path / "r.xml"
+    argv = ["conformance", "run", "--vectors", str(VECTORS), "--filter", "*/valid/host",
+            "--reader", _broken("faithful", ["reader"]).templates["reader"],
+            "--json-report", str(json_path), "--junit", str(junit_path)]  # fmt: skip
+    assert cli.run(argv) == 0
+    text = capsys.readouterr().out
+    assert "reverse" in text and "(not tested)" in text and "result: PASS" in text
+    doc = json.loads(json_path.read_text())
+    schemas.validator("conformance-report").validate(doc)
+    assert doc["profiles"]["reader"]["pass"] == 1 and doc["profiles"]["decoder"]["not-tested"] == 1
+    suites = {s.get("name"): s for s in ET.parse(junit_path).getroot()}
+    assert suites["decoder"].get("skipped") == "1" and suites["reader"].get("failures") == "0"
+
+
+def test_cli_list_and_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["conformance", "run", "--vectors", str(VECTORS)]
+    assert cli.run([*base, "--list", "--filter", "encoder/*"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.startswith("encoder/") for line in lines)
+    assert cli.run([*base, "--filter", "no/such/case"]) == 2
+    assert capsys.readouterr().err.startswith("error: bad-argument:")
+    with pytest.raises(BadArgumentError, match="lacks"):
+        Templates({"decoder": "tool apply {base} {out}"})
+
+
+class _AcceptsEverything:
+    """An in-process implementation that succeeds without doing anything."""
+
+    name = "accepts everything"
+
+    def supports(self, profile: str) -> bool:
+        return profile == "reader"
+
+    def run(self, profile: str, paths: Mapping[str, Path], timeout: float) -> Outcome:
+        return Outcome("ok", None, "", "true")
+
+
+def test_fail_fast_skips_the_rest_and_work_dir_keeps_cases(
+    manifest: Manifest, tmp_path: Path
+) -> None:
+    cases = select(manifest.cases, ["reader/invalid/bad-magic*", "decoder/valid/host"])
+    opts = Options(fail_fast=True, work_dir=tmp_path)
+    results = run_all(manifest, cases, _AcceptsEverything(), opts)
+    statuses = [r.status for r in results]
+    assert statuses == ["not-tested", "fail", "skipped", "skipped"], statuses
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == ["0001-reader__invalid__bad-magic"]
+    assert (tmp_path / kept[0] / "in" / "delta" / "bad-magic.wdelta").is_file()
+
+
+@pytest.mark.parametrize(("stderr", "category"), [
+    ("error: checksum-mismatch: blob 3\n", "checksum-mismatch"),
+    ("warning: slow disk\nerror: base-mismatch\n\n", "base-mismatch"),
+    ("error: checksum-mismatch: x\nTraceback (most recent call last):\nValueError\n", None),
+    ("", None),
+])  # fmt: skip
+def test_category_is_read_from_the_last_stderr_line(stderr: str, category: str | None) -> None:
+    assert category_of(stderr) == category
+
+
+@pytest.mark.slow
+def test_reference_cli_passes_the_whole_suite(manifest: Manifest, scratch: Path) -> None:
+    known_bug = _generator().known_bug
+    results = _run(manifest, [], REFERENCE_CLI, scratch, strict=True)
+    assert {
+        i: r.message for i, r in results.items() if r.status != "pass" and not known_bug(i)
+    } == {}
