@@ -99,10 +99,10 @@ class _Task:
         return self.start + self.count == self.step.entry.elements
 
 
-def _tasks(steps: list[Step], chunk_elements: int) -> Iterator[_Task]:
+def _tasks(steps: list[Step], chunk_elements: int, threads: int) -> Iterator[_Task]:
     for k, step in enumerate(steps):
         n = step.entry.elements
-        hashers = (new_hasher(), new_hasher())
+        hashers = (new_hasher(threads), new_hasher(threads))
         for i, start in enumerate(range(0, n, chunk_elements)):
             yield _Task(step, i, start, min(chunk_elements, n - start), 2 * k, hashers)
 
@@ -188,7 +188,7 @@ def run_steps(
         if step.entry.elements == 0:
             check_digests(step, empty, empty)
     decoder = _Decoder(delta, ckpt, sink, Sequencer())
-    tasks = _tasks(steps, delta.header.chunk_elements)
+    tasks = _tasks(steps, delta.header.chunk_elements, threads)
     try:
         for task in ordered_map(decoder.run, tasks, threads):
             if progress is not None:

@@ -110,10 +110,10 @@ class DiffOptions:
             raise BadArgumentError("threads must be >= 1")
 
 
-def _tasks(plans: list[_Plan], chunk_elements: int) -> Iterator[_Task]:
+def _tasks(plans: list[_Plan], chunk_elements: int, threads: int) -> Iterator[_Task]:
     for k, plan in enumerate(plans):
         n = plan.tensor.elements
-        hashers = (new_hasher(), new_hasher())
+        hashers = (new_hasher(threads), new_hasher(threads))
         for i, start in enumerate(range(0, n, chunk_elements)):
             yield _Task(plan, i, start, min(chunk_elements, n - start), 2 * k, hashers)
 
@@ -190,7 +190,7 @@ def _encode_all(
         if plan.tensor.elements == 0:
             _empty_digests(plan)
     seq = Sequencer()
-    tasks = _tasks(plans, opts.chunk_elements)
+    tasks = _tasks(plans, opts.chunk_elements, opts.threads)
     try:
         for done in ordered_map(lambda t: _run(t, opts, seq), tasks, opts.threads):
             if done.encoded is not None:
