@@ -147,6 +147,23 @@ def test_quiet_diff_prints_nothing(files: Files, tmp_path: Path) -> None:
     assert result.stdout == ""
 
 
+def test_inspect_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """`wdelta inspect --json | head -1`: the reader leaves early; no error line."""
+    base = {f"t{i:04d}": np.zeros(4, np.float32) for i in range(2000)}
+    target = {name: np.ones(4, np.float32) for name in base}
+    delta = wdelta.diff(base, target, tmp_path / "many.wdelta")
+    proc = subprocess.Popen(
+        [str(WDELTA), "inspect", str(delta), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(1) == b"{"
+    proc.stdout.close()  # the JSON is far larger than a pipe buffer
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141
+    assert stderr == b""
+
+
 def test_inspect_text_and_json(files: Files) -> None:
     with wdelta.open_delta(files.delta) as d:
         header = d.header.raw

@@ -175,6 +175,11 @@ def run(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except WdeltaError as exc:
         return _fail(exc)
+    except BrokenPipeError:
+        # The reader of our output went away (`wdelta inspect ... | head`):
+        # not an error of ours; silence the flush at exit like other tools.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as exc:
         return _fail(StorageError(str(exc)))
     except KeyboardInterrupt:
