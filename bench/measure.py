@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import IO, cast
 
 import zstandard
+
+from wdelta.digest import file_sha256
 
 # The real CLI entry point, run by the same interpreter (and so the same install).
 CLI = [sys.executable, "-c", "from wdelta.cli import main; main()"]
@@ -138,10 +139,4 @@ def copy_file(src: Path, dst: Path) -> Copy:
     return Copy(size, copied - start, done - copied)
 
 
-def sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 4 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
+sha256 = file_sha256

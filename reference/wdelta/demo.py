@@ -9,7 +9,6 @@ the delta/full ratio and timings.  Exits non-zero on any mismatch.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import tempfile
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from . import cli, synthetic
+from .digest import file_sha256
 
 T = TypeVar("T")
 
@@ -27,14 +27,6 @@ def _timed(label: str, fn: Callable[[], T]) -> T:
     result = fn()
     print(f"  {label:<28} {time.perf_counter() - start:6.2f} s")
     return result
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _cli(argv: list[str]) -> None:
@@ -69,7 +61,7 @@ def _run(args: argparse.Namespace, root: Path) -> int:
         "wdelta apply",
         lambda: _cli(["apply", str(pair.base), str(delta), "-o", str(rebuilt), "-q"]),
     )
-    same = _sha256(rebuilt) == _sha256(pair.target)
+    same = file_sha256(rebuilt) == file_sha256(pair.target)
     full, size = pair.target.stat().st_size, delta.stat().st_size
     print(f"  changed elements             {pair.achieved_density:.3%} (lr {pair.lr:.3g})")
     print(f"  target checkpoint            {full:>13,} bytes")

@@ -7,6 +7,8 @@ every byte of base and target does not dominate apply time.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,6 +39,19 @@ def digest_bytes(data: bytes | bytearray | memoryview) -> str:
     """BLAKE3-256 of ``data`` as 64 lowercase hex characters."""
     threads = blake3.blake3.AUTO if len(data) >= _THREADED_MIN_BYTES else 1
     return str(blake3.blake3(data, max_threads=threads).hexdigest())
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a whole file, read in 4 MiB blocks.
+
+    SHA-256 (not BLAKE3) because it is the object id that Hugging Face / LFS
+    report for stored files, so snapshots can be checked against a listing.
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)

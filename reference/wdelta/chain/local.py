@@ -8,7 +8,6 @@ and the symlink is swapped.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -46,14 +45,6 @@ def partial_marker(path: Path) -> tuple[str, str] | None:
     if VERSION_KEY in meta and TENSORS_KEY in meta:
         return meta[VERSION_KEY], meta[TENSORS_KEY]
     return None
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def checkpoint_files(path: Path) -> list[Path]:

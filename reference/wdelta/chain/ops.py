@@ -11,11 +11,11 @@ from typing import Any
 
 from .. import api
 from ..container import open_delta
-from ..digest import digest_bytes
+from ..digest import digest_bytes, file_sha256
 from ..errors import BaseMismatchError
 from .errors import ChainBrokenError, ConflictError, ManifestInvalidError
 from .fetch import fetch_link, materialize_snapshot
-from .local import checkpoint_files, digest_of_path, file_sha256
+from .local import checkpoint_files, digest_of_path
 from .manifest import (
     Link,
     Manifest,
