@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 import kit
+from wdelta import chain
 from wdelta.chain.storage.base import ObjectInfo, Progress, Storage
 from wdelta.errors import StorageError
 
@@ -176,3 +177,23 @@ class FailingStorage(Storage):
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
+
+
+def race_appends(make_storage: Callable[[], Storage], paths: list[Path], base: Path) -> None:
+    """Append ``paths`` from two threads at once, each with its own Chain; re-raise errors."""
+    errors: list[BaseException] = []
+
+    def writer(mine: list[Path]) -> None:
+        c = chain.Chain(make_storage())
+        try:
+            for p in mine:
+                chain.append(c, p, base)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(paths[i::2],)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import wdelta
-from chainkit import FailingStorage, Trainer
+from chainkit import FailingStorage, Trainer, race_appends
 from wdelta import chain
 from wdelta.chain.local import digest_of_path, partial_marker
 from wdelta.chain.manifest import revision_key
@@ -250,21 +249,7 @@ def test_racing_writers_lose_no_version(tmp_path: Path) -> None:
     for i in range(8):
         t.step(i + 1)
         news.append(t.save(tmp_path / f"w{i}.safetensors"))
-    errors: list[BaseException] = []
-
-    def writer(paths: list[Path]) -> None:
-        try:
-            for p in paths:
-                chain.append(chain.Chain(c.storage), p, base)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=writer, args=(news[i::2],)) for i in range(2)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert errors == []
+    race_appends(lambda: c.storage, news, base)
     m = c.head()
     assert m.revision == 9 and len(m.versions) == 9
     assert {v.digest for v in m.versions[1:]} == {digest_of_path(p) for p in news}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import wdelta
-from chainkit import Proxy, S3Server, Trainer, free_port
+from chainkit import Proxy, S3Server, Trainer, free_port, race_appends
 from wdelta import chain
 from wdelta.chain.local import digest_of_path
 from wdelta.errors import WdeltaError
@@ -113,22 +113,7 @@ def test_racing_writers_over_s3(s3: S3Server, tmp_path: Path) -> None:
     for i in range(6):
         t.step(i + 1)
         news.append(t.save(tmp_path / f"w{i}.safetensors"))
-    errors: list[BaseException] = []
-
-    def writer(paths: list[Path]) -> None:
-        c = chain.Chain(storage(s3, bucket))
-        try:
-            for p in paths:
-                chain.append(c, p, base)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=writer, args=(news[i::2],)) for i in range(2)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert errors == []
+    race_appends(lambda: storage(s3, bucket), news, base)
     m = chain.Chain(storage(s3, bucket)).head()
     assert m.revision == 7
     assert {v.digest for v in m.versions[1:]} == {digest_of_path(p) for p in news}
