@@ -15,6 +15,7 @@ from pathlib import Path
 import blake3
 
 from .checkpoint.source import pread_into
+from .digest import digest_bytes
 from .encodings import codec
 from .errors import (
     BadMagicError,
@@ -91,7 +92,7 @@ class DeltaFile:
         """The stored bytes of a chunk's blob, checksum verified."""
         buf = bytearray(chunk.length)
         pread_into(self._fd, memoryview(buf), self.data_start + chunk.offset)
-        if blake3.blake3(buf).hexdigest() != chunk.checksum:
+        if digest_bytes(buf) != chunk.checksum:
             raise ChecksumMismatchError(f"blob at data offset {chunk.offset}: checksum mismatch")
         return bytes(buf)
 

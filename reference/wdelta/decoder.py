@@ -11,14 +11,13 @@ digests match are the files fsynced and renamed into place.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from .checkpoint.safetensors_header import FileLayout
 from .checkpoint.source import Checkpoint, Words
 from .container import DeltaFile
-from .digest import new_hasher
+from .digest import EMPTY_DIGEST
 from .encodings import chunk as chunk_codec
 from .encodings import sparse
 from .errors import (
@@ -28,7 +27,7 @@ from .errors import (
     NotReversibleError,
 )
 from .header import Chunk, Header, TensorEntry
-from .pipeline import Aborted, Sequencer, ordered_map
+from .pipeline import Aborted, ChunkTask, Sequencer, chunk_tasks, ordered_map
 
 Progress = Callable[[int], None]
 _COPY = Chunk("unchanged", 0)
@@ -83,28 +82,7 @@ def check_input(header: Header, ckpt: Checkpoint, reverse: bool) -> None:
     )
 
 
-@dataclass(frozen=True)
-class _Task:
-    """Chunk ``index`` of a step; ``stream`` numbers the step's two digests."""
-
-    step: Step
-    index: int
-    start: int
-    count: int
-    stream: int
-    hashers: tuple[Any, Any]
-
-    @property
-    def last(self) -> bool:
-        return self.start + self.count == self.step.entry.elements
-
-
-def _tasks(steps: list[Step], chunk_elements: int, threads: int) -> Iterator[_Task]:
-    for k, step in enumerate(steps):
-        n = step.entry.elements
-        hashers = (new_hasher(threads), new_hasher(threads))
-        for i, start in enumerate(range(0, n, chunk_elements)):
-            yield _Task(step, i, start, min(chunk_elements, n - start), 2 * k, hashers)
+_Task = ChunkTask[Step]
 
 
 Sink = Callable[[str, int, Words], None]
@@ -142,39 +120,34 @@ class _Decoder:
             raise
         return task
 
-    def _hash(self, task: _Task, which: int, words: Words) -> None:
-        with self.seq.turn(task.stream + which, task.index):
-            task.hashers[which].update(words.data.cast("B"))
-
     def _run(self, task: _Task) -> None:
-        step, entry = task.step, task.step.entry
+        step, entry = task.item, task.item.entry
         src: Words | None = None
         if step.src_digest is not None:
             src = self.ckpt.tensors[entry.name].read(task.start, task.count)
-            self._hash(task, 0, src)
+            task.digests.feed(self.seq, 0, task.index, src)
         if step.dst_digest is None and entry.chunks:
             # Not needed for the output, but any corrupted byte must be refused.
             self.delta.payload(entry.chunks[task.index])
         if step.dst_digest is not None:
             dst = self._decode(task, src)
             if entry.op != "unchanged":
-                self._hash(task, 1, dst)
+                task.digests.feed(self.seq, 1, task.index, dst)
             if self.sink is not None:
                 self.sink(entry.name, task.start * entry.dtype.size, dst)
         if task.last:
-            self.seq.close(task.stream)
-            self.seq.close(task.stream + 1)
-            check_digests(step, task.hashers[0].hexdigest(), task.hashers[1].hexdigest())
+            digests = task.digests
+            check_digests(step, digests.hexdigest(self.seq, 0), digests.hexdigest(self.seq, 1))
 
     def _decode(self, task: _Task, src: Words | None) -> Words:
-        chunk = task.step.chunk(task.index)
+        chunk = task.item.chunk(task.index)
         if chunk.encoding == "unchanged":
             assert src is not None
             return src
         payload = self.delta.payload(chunk)
         return chunk_codec.decode(
             chunk.encoding, chunk.transform, payload, src, task.count,
-            task.step.entry.dtype.word, task.step.reverse, chunk.changed,
+            task.item.entry.dtype.word, task.item.reverse, chunk.changed,
         )  # fmt: skip
 
 
@@ -183,16 +156,15 @@ def run_steps(
     threads: int, progress: Progress | None,
 ) -> None:  # fmt: skip
     """Decode and verify every step; raises the first failed check."""
-    empty = new_hasher().hexdigest()
     for step in steps:
         if step.entry.elements == 0:
-            check_digests(step, empty, empty)
+            check_digests(step, EMPTY_DIGEST, EMPTY_DIGEST)
     decoder = _Decoder(delta, ckpt, sink, Sequencer())
-    tasks = _tasks(steps, delta.header.chunk_elements, threads)
+    tasks = chunk_tasks(steps, lambda s: s.entry.elements, delta.header.chunk_elements, threads)
     try:
         for task in ordered_map(decoder.run, tasks, threads):
             if progress is not None:
-                progress(task.count * task.step.entry.dtype.size)
+                progress(task.count * task.item.entry.dtype.size)
     except Aborted:
         assert decoder.seq.error is not None
         raise decoder.seq.error from None

@@ -11,23 +11,21 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import blake3
 
 from ._version import __version__
 from .atomic import TMP_PREFIX, atomic_file
 from .checkpoint.source import Checkpoint, Tensor, Words
 from .container import pack_prefix
-from .digest import TensorIdentity, checkpoint_digest, new_hasher
+from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest, digest_bytes
 from .encodings import chunk as chunk_codec
 from .errors import BadArgumentError
 from .header import FORMAT_VERSION, MAX_CHUNK_ELEMENTS
 from .layout import side_json
-from .pipeline import Aborted, Sequencer, ordered_map
+from .pipeline import Aborted, ChunkTask, Sequencer, chunk_tasks, ordered_map
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
 Progress = Callable[[int], None]
@@ -66,20 +64,7 @@ def _plans(base: Checkpoint, target: Checkpoint) -> list[_Plan]:
     return plans
 
 
-@dataclass(frozen=True)
-class _Task:
-    """Chunk ``index`` of a plan; ``stream`` numbers the plan's two digests."""
-
-    plan: _Plan
-    index: int
-    start: int
-    count: int
-    stream: int
-    hashers: tuple[Any, Any]
-
-    @property
-    def last(self) -> bool:
-        return self.start + self.count == self.plan.tensor.elements
+_Task = ChunkTask[_Plan]
 
 
 @dataclass(frozen=True)
@@ -110,25 +95,16 @@ class DiffOptions:
             raise BadArgumentError("threads must be >= 1")
 
 
-def _tasks(plans: list[_Plan], chunk_elements: int, threads: int) -> Iterator[_Task]:
-    for k, plan in enumerate(plans):
-        n = plan.tensor.elements
-        hashers = (new_hasher(threads), new_hasher(threads))
-        for i, start in enumerate(range(0, n, chunk_elements)):
-            yield _Task(plan, i, start, min(chunk_elements, n - start), 2 * k, hashers)
-
-
 def _read(task: _Task, which: int, seq: Sequencer) -> Words | None:
     """Read one side's words of a chunk and feed them to its digest, in order."""
-    tensor = task.plan.base if which == 0 else task.plan.target
+    tensor = task.item.base if which == 0 else task.item.target
     if tensor is None:
         return None
     words = tensor.read(task.start, task.count)
-    with seq.turn(task.stream + which, task.index):
-        task.hashers[which].update(words.data.cast("B"))
+    task.digests.feed(seq, which, task.index, words)
     if task.last:
-        seq.close(task.stream + which)
-        task.plan.digests[("base_digest", "target_digest")[which]] = task.hashers[which].hexdigest()
+        key = ("base_digest", "target_digest")[which]
+        task.item.digests[key] = task.digests.hexdigest(seq, which)
     return words
 
 
@@ -141,7 +117,7 @@ def _run(task: _Task, opts: DiffOptions, seq: Sequencer) -> _Done:
 
 
 def _encode(task: _Task, opts: DiffOptions, seq: Sequencer) -> _Done:
-    plan = task.plan
+    plan = task.item
     base, target = _read(task, 0, seq), _read(task, 1, seq)
     encoded: chunk_codec.Encoded | None
     if plan.op == "modified":
@@ -170,17 +146,16 @@ class _BlobWriter:
         if encoded.blob is not None:
             self.f.write(encoded.blob)
             fields["offset"] = self.offset
-            fields["checksum"] = blake3.blake3(encoded.blob).hexdigest()
+            fields["checksum"] = digest_bytes(encoded.blob)
             self.offset += len(encoded.blob)
         return fields
 
 
 def _empty_digests(plan: _Plan) -> None:
-    empty = new_hasher().hexdigest()
     if plan.base is not None:
-        plan.digests["base_digest"] = empty
+        plan.digests["base_digest"] = EMPTY_DIGEST
     if plan.target is not None:
-        plan.digests["target_digest"] = empty
+        plan.digests["target_digest"] = EMPTY_DIGEST
 
 
 def _encode_all(
@@ -190,13 +165,13 @@ def _encode_all(
         if plan.tensor.elements == 0:
             _empty_digests(plan)
     seq = Sequencer()
-    tasks = _tasks(plans, opts.chunk_elements, opts.threads)
+    tasks = chunk_tasks(plans, lambda p: p.tensor.elements, opts.chunk_elements, opts.threads)
     try:
         for done in ordered_map(lambda t: _run(t, opts, seq), tasks, opts.threads):
             if done.encoded is not None:
-                done.task.plan.chunks.append(blobs.add(done.encoded))
+                done.task.item.chunks.append(blobs.add(done.encoded))
             if progress is not None:
-                sides = (done.task.plan.base, done.task.plan.target)
+                sides = (done.task.item.base, done.task.item.target)
                 progress(done.task.count * sum(t.dtype.size for t in sides if t is not None))
     except Aborted:
         assert seq.error is not None

@@ -13,10 +13,16 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from .digest import new_hasher
 
 T = TypeVar("T")
 R = TypeVar("R")
+Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Iterator[R]:
@@ -84,3 +90,51 @@ class Sequencer:
             if self.error is None and not isinstance(exc, Aborted):
                 self.error = exc
             self._cond.notify_all()
+
+
+class TensorDigests:
+    """The two BLAKE3 digests of one tensor (0: input side, 1: other side).
+
+    Workers feed chunks through :meth:`feed`, which waits for the chunk's turn
+    so that each digest sees the tensor's bytes in order.
+    """
+
+    def __init__(self, stream: int, workers: int) -> None:
+        self.stream = stream
+        self.hashers = (new_hasher(workers), new_hasher(workers))
+
+    def feed(self, seq: Sequencer, which: int, index: int, words: Words) -> None:
+        with seq.turn(self.stream + which, index):
+            self.hashers[which].update(words.data.cast("B"))
+
+    def hexdigest(self, seq: Sequencer, which: int) -> str:
+        """The finished digest ``which``; its stream is forgotten."""
+        seq.close(self.stream + which)
+        return str(self.hashers[which].hexdigest())
+
+
+@dataclass(frozen=True)
+class ChunkTask(Generic[T]):
+    """Chunk ``index`` of ``item``: elements ``[start, start + count)`` of ``elements``."""
+
+    item: T
+    index: int
+    start: int
+    count: int
+    elements: int
+    digests: TensorDigests
+
+    @property
+    def last(self) -> bool:
+        return self.start + self.count == self.elements
+
+
+def chunk_tasks(
+    items: Iterable[T], elements: Callable[[T], int], chunk_elements: int, workers: int
+) -> Iterator[ChunkTask[T]]:
+    """One task per chunk of every item, in order; empty items yield nothing."""
+    for k, item in enumerate(items):
+        n = elements(item)
+        digests = TensorDigests(2 * k, workers)
+        for i, start in enumerate(range(0, n, chunk_elements)):
+            yield ChunkTask(item, i, start, min(chunk_elements, n - start), n, digests)
