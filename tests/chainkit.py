@@ -15,11 +15,12 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import kit
 from wdelta import chain
 from wdelta.chain.storage.base import ObjectInfo, Progress, Storage
-from wdelta.errors import StorageError
+from wdelta.errors import StorageError, WdeltaError
 
 
 class Trainer:
@@ -197,3 +198,25 @@ def race_appends(make_storage: Callable[[], Storage], paths: list[Path], base: P
     for th in threads:
         th.join()
     assert errors == []
+
+
+MANIFEST_KEY = "manifests/rev-000000000001.json"
+
+
+def assert_create_only(st: Storage) -> None:
+    """``create`` writes a manifest revision once; a second create of the key loses."""
+    assert st.create(MANIFEST_KEY, b"one") is True
+    assert st.create(MANIFEST_KEY, b"two") is False
+    assert st.read(MANIFEST_KEY) == b"one"
+    assert [o.key for o in st.list("manifests/")] == [MANIFEST_KEY]
+
+
+def assert_delete_then_not_found(st: Storage, key: str) -> None:
+    """``delete`` is idempotent and a missing key reads as ``not-found``, never empty."""
+    st.delete(key)
+    st.delete(key)
+    assert st.stat(key) is None
+    for call in (lambda: st.read(key), lambda: st.read_range("nope", 0, 1)):
+        with pytest.raises(WdeltaError) as info:
+            call()
+        assert info.value.category == "not-found"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from chainkit import Trainer
+from chainkit import MANIFEST_KEY, Trainer, assert_create_only, assert_delete_then_not_found
 from wdelta import chain
 from wdelta.chain.storage.hf import HfStorage, parse_hf_url
 from wdelta.errors import WdeltaError
@@ -124,19 +124,10 @@ def test_semantics(url: str, tmp_path: Path) -> None:
     assert st.stat("deltas/x.wdelta") == chain.ObjectInfo("deltas/x.wdelta", 20_000)
     assert st.read_range("deltas/x.wdelta", 100, 50) == src.read_bytes()[100:150]
     assert b"".join(st.stream("deltas/x.wdelta", 7)) == src.read_bytes()[7:]
-    assert st.create("manifests/rev-000000000001.json", b"a") is True
-    assert st.create("manifests/rev-000000000001.json", b"b") is False
-    assert st.read("manifests/rev-000000000001.json") == b"a"
-    assert [o.key for o in st.list("manifests/")] == ["manifests/rev-000000000001.json"]
-    st.delete("deltas/x.wdelta")
-    st.delete("deltas/x.wdelta")
-    assert st.stat("deltas/x.wdelta") is None
-    for call in (lambda: st.read("deltas/x.wdelta"), lambda: st.read_range("nope", 0, 1)):
-        with pytest.raises(WdeltaError) as info:
-            call()
-        assert info.value.category == "not-found"
+    assert_create_only(st)
+    assert_delete_then_not_found(st, "deltas/x.wdelta")
     with pytest.raises(WdeltaError) as info:
-        st.read_range("manifests/rev-000000000001.json", 0, 5)
+        st.read_range(MANIFEST_KEY, 0, 5)
     assert info.value.category == "truncated"
 
 

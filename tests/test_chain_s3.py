@@ -16,7 +16,16 @@ from pathlib import Path
 import pytest
 
 import wdelta
-from chainkit import Proxy, S3Server, Trainer, free_port, race_appends
+from chainkit import (
+    MANIFEST_KEY,
+    Proxy,
+    S3Server,
+    Trainer,
+    assert_create_only,
+    assert_delete_then_not_found,
+    free_port,
+    race_appends,
+)
 from wdelta import chain
 from wdelta.chain.local import digest_of_path
 from wdelta.errors import WdeltaError
@@ -50,18 +59,9 @@ def test_backend_semantics(s3: S3Server, tmp_path: Path) -> None:
     with pytest.raises(WdeltaError) as info:
         st.read_range("deltas/a.wdelta", src.stat().st_size - 10, 20)
     assert info.value.category == "truncated"
-    assert st.create("manifests/rev-000000000001.json", b"one") is True
-    assert st.create("manifests/rev-000000000001.json", b"two") is False
-    assert st.read("manifests/rev-000000000001.json") == b"one"
-    assert [o.key for o in st.list("manifests/")] == ["manifests/rev-000000000001.json"]
-    assert [o.key for o in st.list("")] == ["deltas/a.wdelta", "manifests/rev-000000000001.json"]
-    st.delete("deltas/a.wdelta")
-    st.delete("deltas/a.wdelta")
-    assert st.stat("deltas/a.wdelta") is None
-    for call in (lambda: st.read("deltas/a.wdelta"), lambda: st.read_range("nope", 0, 1)):
-        with pytest.raises(WdeltaError) as info:
-            call()
-        assert info.value.category == "not-found"
+    assert_create_only(st)
+    assert [o.key for o in st.list("")] == ["deltas/a.wdelta", MANIFEST_KEY]
+    assert_delete_then_not_found(st, "deltas/a.wdelta")
 
 
 def test_unreachable_server_is_io_error(s3: S3Server) -> None:
