@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -12,21 +11,9 @@ import pytest
 
 from chainkit import Trainer
 from wdelta import cli
-from wdelta.chain.cli import register
-
-_BUILD = cli.build_parser
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _BUILD()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    if "chain" not in sub.choices:  # until the main CLI wires the chain commands in
-        register(sub)
-    return parser
 
 
 def run(capsys: Any, monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(cli, "build_parser", _parser)
     code = cli.run(["chain", *argv])
     out = capsys.readouterr()
     return code, out.out, out.err

@@ -16,12 +16,11 @@ from typing import Any, NoReturn
 
 from . import api
 from ._version import __version__
-from .chain import cli as chain_cli
 from .checkpoint.source import open_checkpoint
-from .conformance import cli as conformance_cli
 from .container import open_delta
 from .errors import BadArgumentError, StorageError, WdeltaError
 from .inspect import DeltaSummary, summarize
+from .malloc_tuning import keep_chunk_buffers
 
 
 class _Parser(argparse.ArgumentParser):
@@ -128,8 +127,37 @@ def _level(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"not a zstd level: {text!r}") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``wdelta`` command."""
+_CHAIN_HELP = "publish and sync chains of deltas"
+_CONFORMANCE_HELP = "run the conformance suite against an implementation"
+
+
+def _add_chain(sub: Any, full: bool) -> None:
+    if not full:
+        sub.add_parser("chain", help=_CHAIN_HELP)
+        return
+    from .chain import cli as chain_cli
+
+    chain_cli.register(sub, _CHAIN_HELP)
+
+
+def _add_conformance(sub: Any, full: bool) -> None:
+    p = sub.add_parser("conformance", help=_CONFORMANCE_HELP)
+    if not full:
+        return
+    from .conformance import cli as conformance_cli
+
+    conformance_cli.add_subcommands(p)
+    p.set_defaults(func=conformance_cli.run_command)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of the ``wdelta`` command.
+
+    ``chain`` and ``conformance`` import their modules (storage clients, the
+    vectors' manifest: ~60 ms) only when ``command`` names them or is None;
+    otherwise they are listed by name and help only, so that ``diff`` and
+    ``apply`` start faster.
+    """
     parser = _Parser(prog="wdelta", description="Bit-exact weight deltas between checkpoints.")
     parser.add_argument("--version", action="version", version=f"wdelta {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -160,17 +188,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", default=None)
     _add_common(p)
     p.set_defaults(func=_cmd_verify)
-    p = sub.add_parser("conformance", help="run the conformance suite against an implementation")
-    conformance_cli.add_subcommands(p)
-    p.set_defaults(func=conformance_cli.run_command)
-    chain_cli.register(sub)
+    _add_conformance(sub, command in (None, "conformance"))
+    _add_chain(sub, command in (None, "chain"))
     return parser
 
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The command is the first argument that is not an option (the top level
+    # has only --help and --version, which take no value).
+    command = next((a for a in argv if not a.startswith("-")), None)
+    keep_chunk_buffers()
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(command).parse_args(argv)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except WdeltaError as exc:

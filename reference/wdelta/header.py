@@ -12,8 +12,6 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
 from . import schemas, strictjson
 from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest
 from .dtypes import DType, lookup
@@ -165,11 +163,9 @@ def _validate_schema(raw: dict[str, Any]) -> None:
         stripped = {**raw, "tensors": [
             {**t, "chunks": []} if i in lifted else t for i, t in enumerate(tensors)
         ]}  # fmt: skip
-    try:
-        schemas.validator("delta-header").validate(stripped)
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise HeaderInvalidError(f"schema violation at {where}: {exc.message}") from exc
+    error = schemas.violation("delta-header", stripped)
+    if error is not None:
+        raise HeaderInvalidError(f"schema violation {error}")
     checker = schemas.flat_checker("delta-header", "chunk")
     for i, chunks in chunk_lists:
         for j, chunk in enumerate(chunks):

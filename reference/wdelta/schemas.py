@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
+if TYPE_CHECKING:
+    import jsonschema
 
 _HERE = Path(__file__).resolve().parent
 # Installed wheels carry the schemas inside the package; a source checkout
@@ -37,6 +38,10 @@ def load(name: str) -> dict[str, Any]:
 @cache
 def validator(name: str) -> jsonschema.protocols.Validator:
     """A compiled validator for schema ``name``."""
+    # Imported here: jsonschema costs ~65 ms of start-up, which ``wdelta diff``
+    # (it writes headers, never validates them) should not pay.
+    import jsonschema
+
     schema = load(name)
     base = jsonschema.validators.validator_for(schema)
     base.check_schema(schema)
@@ -47,6 +52,18 @@ def validator(name: str) -> jsonschema.protocols.Validator:
     )
     v: jsonschema.protocols.Validator = cls(schema)
     return v
+
+
+def violation(name: str, instance: Any) -> str | None:
+    """None if ``instance`` is valid against schema ``name``, else "at PATH: message"."""
+    import jsonschema
+
+    try:
+        validator(name).validate(instance)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return f"at {where}: {exc.message}"
+    return None
 
 
 def _is_integer(checker: object, value: object) -> bool:
@@ -67,6 +84,8 @@ def ecma_pattern(pattern: str) -> re.Pattern[str]:
 def _pattern_keyword(
     validator: Any, pattern: str, instance: Any, schema: dict[str, Any]
 ) -> Iterator[jsonschema.ValidationError]:
+    import jsonschema
+
     if isinstance(instance, str) and not ecma_pattern(pattern).search(instance):
         yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 

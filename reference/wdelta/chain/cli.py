@@ -210,9 +210,9 @@ def _writer_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Any, help: str) -> None:
     """Add ``chain`` and its subcommands to the main CLI's subparsers."""
-    chain = subparsers.add_parser("chain", help="publish and sync chains of deltas")
+    chain = subparsers.add_parser("chain", help=help)
     sub = chain.add_subparsers(dest="chain_command", required=True, parser_class=type(chain))
     _register_writers(sub)
     _register_readers(sub)

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from .. import schemas, strictjson
 from .._version import __version__
 from ..digest import digest_bytes
@@ -224,11 +222,9 @@ def _check_envelope(raw: dict[str, Any]) -> None:
         unknown = sorted(str(f) for f in features if f not in KNOWN_FEATURES)
         if unknown:
             raise UnsupportedFeatureError(f"unknown required features: {', '.join(unknown)}")
-    try:
-        schemas.validator("chain-manifest").validate(raw)
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise ManifestInvalidError(f"schema violation at {where}: {exc.message}") from exc
+    error = schemas.violation("chain-manifest", raw)
+    if error is not None:
+        raise ManifestInvalidError(f"schema violation {error}")
 
 
 def parse_manifest(data: bytes, *, expected_revision: int | None = None) -> Manifest:

@@ -23,9 +23,11 @@ _K_SAMPLE = 1 << 16
 
 
 def gaps_of(positions: Positions) -> Positions:
-    """g_0 = p_0, g_i = p_i - p_{i-1} - 1."""
-    gaps = np.diff(positions, prepend=-1)
-    gaps -= 1
+    """g_0 = p_0, g_i = p_i - p_{i-1} - 1 (a new array)."""
+    gaps = np.empty_like(positions)
+    gaps[:1] = positions[:1]
+    np.subtract(positions[1:], positions[:-1], out=gaps[1:])
+    gaps[1:] -= 1
     return gaps
 
 
@@ -43,62 +45,88 @@ def best_rice_k(gaps: Positions) -> int:
     return min(candidates, key=lambda k: rice_bits(sample, k))
 
 
-def rice_encode(gaps: Positions, k: int) -> tuple[bytes, bytes]:
-    """(unary stream, remainder stream) for the gaps with parameter k."""
-    quotients = gaps >> k
-    ones = np.cumsum(quotients + 1) - 1
+def unary_ones(gaps: Positions, k: int) -> Positions:
+    """Stream index of each code's 1 bit in the unary stream: Σ_{j<=i} (q_j + 1) - 1."""
+    ones = gaps >> k
+    ones += 1
+    np.cumsum(ones, out=ones)
+    ones -= 1
+    return ones
+
+
+def rice_encode(gaps: Positions, k: int, ones: Positions | None = None) -> tuple[bytes, bytes]:
+    """(unary stream, remainder stream) for the gaps with parameter k.
+
+    ``ones`` is :func:`unary_ones` of the gaps when the caller has it already.
+    """
+    if ones is None:
+        ones = unary_ones(gaps, k)
     bits = np.zeros(int(ones[-1]) + 1, dtype=np.bool_)
     bits[ones] = True
     unary = np.packbits(bits, bitorder="little").tobytes()
     if k == 0:
         return unary, b""
+    if k <= _LANE:
+        # Casting to uint8 keeps the low 8 bits, which hold the remainder.
+        rem8 = gaps.astype(np.uint8)
+        rem8 &= np.uint8((1 << k) - 1)
+        return unary, _pack_groups(rem8, k)
     rem = (gaps & ((1 << k) - 1)).astype(np.uint64)
-    if k <= _GROUP:
-        return unary, _pack_groups(rem, k)
     rbits = ((rem[:, None] >> np.arange(k, dtype=np.uint64)) & 1).astype(np.uint8)
     return unary, np.packbits(rbits.reshape(-1), bitorder="little").tobytes()
 
 
-# Eight k-bit fields fill exactly k bytes, so for k <= 8 a group of eight
-# packs into one little-endian u64 with eight shifts over c/8 rows, instead of
-# a c-by-k matrix of bits (measured 1.2 s -> <0.1 s per GB at 10% density).
-_GROUP = 8
+# For k <= 8 the fields of a group of eight fill exactly k bytes.  Each group
+# is loaded as one u64 holding a field per byte, and neighbouring fields are
+# merged in three shift-and-mask steps (8-bit lanes -> 16 -> 32 -> 64), which
+# costs a few passes over c/8 words instead of a pass per bit.
+_LANE = 8
 
 
-def _pack_groups(rem: np.ndarray[Any, np.dtype[np.uint64]], k: int) -> bytes:
-    """The LSB-first stream of the k-bit fields ``rem`` (k <= 8)."""
-    groups = -(-len(rem) // _GROUP)
-    padded = np.zeros(groups * _GROUP, dtype=np.uint64)
-    padded[: len(rem)] = rem
-    rows = padded.reshape(groups, _GROUP)
-    word = np.zeros(groups, dtype="<u8")
-    for j in range(_GROUP):
-        word |= rows[:, j] << np.uint64(j * k)
-    packed = word.view(np.uint8).reshape(groups, 8)[:, :k]
-    return packed.tobytes()[: (len(rem) * k + 7) // 8]
+def _lane_masks(k: int) -> list[tuple[int, np.uint64, np.uint64]]:
+    """Per merge step: (lane bits, mask of each lane pair's low lane, of its used bits)."""
+    steps = []
+    width = k
+    for lane in (8, 16, 32):
+        low = sum(((1 << lane) - 1) << i for i in range(0, 64, 2 * lane))
+        used = sum(((1 << width) - 1) << i for i in range(0, 64, 2 * lane))
+        steps.append((lane - width, np.uint64(low), np.uint64(used)))
+        width *= 2
+    return steps
 
 
-def _unpack_groups(data: bytes | memoryview, count: int, k: int) -> Positions:
-    """Inverse of :func:`_pack_groups`; nonzero padding bits are refused."""
-    groups = -(-count // _GROUP)
+def _pack_groups(rem8: np.ndarray[Any, np.dtype[np.uint8]], k: int) -> bytes:
+    """The LSB-first stream of the k-bit fields ``rem8`` (1 <= k <= 8)."""
+    count = len(rem8)
+    groups = -(-count // _LANE)
+    buf = np.zeros(groups * _LANE, dtype=np.uint8)
+    buf[:count] = rem8
+    words = buf.view("<u8")
+    for shift, low, _ in _lane_masks(k):
+        words = (words & low) | ((words & ~low) >> np.uint64(shift))
+    packed = words.view(np.uint8).reshape(groups, _LANE)[:, :k]
+    return packed.tobytes()[: (count * k + 7) // 8]
+
+
+def _unpack_groups(data: bytes | memoryview, count: int, k: int) -> np.ndarray[Any, Any]:
+    """Inverse of :func:`_pack_groups` (uint8 fields); nonzero padding bits are refused."""
+    groups = -(-count // _LANE)
     raw = np.frombuffer(data, dtype=np.uint8)
     if len(raw) != (count * k + 7) // 8:
         raise EncodingInvalidError(f"remainder stream is {len(raw)} bytes for {count} fields")
-    fields_bytes = np.zeros(groups * k, dtype=np.uint8)
-    fields_bytes[: len(raw)] = raw
-    rows = np.zeros((groups, 8), dtype=np.uint8)
-    rows[:, :k] = fields_bytes.reshape(groups, k)
-    word = rows.view("<u8").reshape(groups)
-    fields = np.empty((groups, _GROUP), dtype=np.int64)
-    mask = np.uint64((1 << k) - 1)
-    for j in range(_GROUP):
-        fields[:, j] = (word >> np.uint64(j * k)) & mask
-    flat = fields.reshape(-1)
-    if flat[count:].any():
+    flat_k = np.zeros(groups * k, dtype=np.uint8)
+    flat_k[: len(raw)] = raw
+    rows = np.zeros((groups, _LANE), dtype=np.uint8)
+    rows[:, :k] = flat_k.reshape(groups, k)
+    words = rows.view("<u8").reshape(groups)
+    for shift, low, used in reversed(_lane_masks(k)):
+        words = (words & used) | ((words << np.uint64(shift)) & ~low)
+    fields = words.view(np.uint8)
+    if fields[count:].any():
         raise EncodingInvalidError(
             "remainder stream: padding bits after the last field are not zero"
         )
-    return flat[:count]
+    return fields[:count]
 
 
 def _unpack_exact(
@@ -126,22 +154,27 @@ def rice_decode(
     # it before shifting keeps the int64 arithmetic below from overflowing.
     if int(gaps.max()) > (m - 1) >> k:
         raise IndexOutOfRangeError(f"a Rice quotient puts a position past the chunk of {m}")
-    if 0 < k <= _GROUP:
+    if k:
         gaps <<= k
-        gaps |= _unpack_groups(remainders, count, k)
-    elif k:
-        rbits = _unpack_exact(
-            remainders, count * k, "remainder stream", EncodingInvalidError
-        ).reshape(count, k)
-        rem = np.zeros(count, dtype=np.int64)
-        for j in range(k):
-            rem |= rbits[:, j].astype(np.int64) << j
-        gaps <<= k
-        gaps |= rem
-    positions = np.cumsum(gaps + 1) - 1
+        gaps |= _remainders(remainders, count, k)
+    gaps += 1
+    positions = np.cumsum(gaps, out=gaps)
+    positions -= 1
     if positions[-1] >= m:
         raise IndexOutOfRangeError(f"position {int(positions[-1])} is past the chunk of {m}")
     return positions
+
+
+def _remainders(data: bytes | memoryview, count: int, k: int) -> np.ndarray[Any, Any]:
+    """The c remainder fields of the stream (k >= 1)."""
+    if k <= _LANE:
+        return _unpack_groups(data, count, k)
+    rbits = _unpack_exact(data, count * k, "remainder stream", EncodingInvalidError)
+    rbits = rbits.reshape(count, k)
+    rem = np.zeros(count, dtype=np.int64)
+    for j in range(k):
+        rem |= rbits[:, j].astype(np.int64) << j
+    return rem
 
 
 def bitmap_encode(positions: Positions, m: int) -> bytes:

@@ -32,13 +32,15 @@ def max_raw_length(m: int, size: int) -> int:
 class PositionPlan:
     """The cheaper position coding for a chunk, its Rice k and exact size.
 
-    ``gaps`` caches the gaps computed while planning (None: derive from positions).
+    ``gaps`` and ``ones`` (see :func:`positions.unary_ones`) cache what
+    planning computed, so that encoding does not repeat it (None: derive).
     """
 
     coding: int
     k: int
     nbytes: int
     gaps: Positions | None = None
+    ones: Positions | None = None
 
 
 def plan_positions(pos: Positions, m: int) -> PositionPlan:
@@ -46,11 +48,11 @@ def plan_positions(pos: Positions, m: int) -> PositionPlan:
     bitmap = (m + 7) // 8
     gaps = positions.gaps_of(pos)
     k = positions.best_rice_k(gaps)
-    unary_bits = positions.rice_bits(gaps, k) - len(gaps) * k
-    rice = 8 + (unary_bits + 7) // 8 + (len(gaps) * k + 7) // 8
+    ones = positions.unary_ones(gaps, k)
+    rice = 8 + int(ones[-1]) // 8 + 1 + (len(gaps) * k + 7) // 8
     if rice < bitmap:
-        return PositionPlan(RICE, k, rice, gaps)
-    return PositionPlan(BITMAP, 0, bitmap, gaps)
+        return PositionPlan(RICE, k, rice, gaps, ones)
+    return PositionPlan(BITMAP, 0, bitmap, gaps, ones)
 
 
 def encode(pos: Positions, values: Words, m: int, plan: PositionPlan) -> bytes:
@@ -60,10 +62,9 @@ def encode(pos: Positions, values: Words, m: int, plan: PositionPlan) -> bytes:
         head = _HEAD.pack(BITMAP, 0, bytes(6), count)
         body = positions.bitmap_encode(pos, m)
         return head + body + planes.split(values)
-    k = plan.k
     gaps = plan.gaps if plan.gaps is not None else positions.gaps_of(pos)
-    unary, rem = positions.rice_encode(gaps, k)
-    head = _HEAD.pack(RICE, k, bytes(6), count) + struct.pack("<Q", len(unary))
+    unary, rem = positions.rice_encode(gaps, plan.k, plan.ones)
+    head = _HEAD.pack(RICE, plan.k, bytes(6), count) + struct.pack("<Q", len(unary))
     return head + unary + rem + planes.split(values)
 
 
