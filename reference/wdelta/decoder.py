@@ -99,30 +99,37 @@ def check_digests(step: Step, src_hex: str, dst_hex: str) -> None:
         raise ChecksumMismatchError(f"tensor {name!r}: decoded bytes do not match its digest")
 
 
+@dataclass(frozen=True)
+class _Decoded:
+    """A finished task and its output words (None: nothing to write)."""
+
+    task: _Task
+    words: Words | None
+
+
 @dataclass
 class _Decoder:
-    """Decodes and hashes tasks on worker threads; writes through ``sink``.
+    """Decodes and hashes tasks on worker threads.
 
     The input chunk is hashed before it is decoded in place; digests are fed
-    in chunk order through the sequencer.  ``sink`` None means verify only.
+    in chunk order through the sequencer.
     """
 
     delta: DeltaFile
     ckpt: Checkpoint
-    sink: Sink | None
     seq: Sequencer
 
-    def run(self, task: _Task) -> _Task:
+    def run(self, task: _Task) -> _Decoded:
         try:
-            self._run(task)
+            return self._run(task)
         except BaseException as exc:
             self.seq.fail(exc)
             raise
-        return task
 
-    def _run(self, task: _Task) -> None:
+    def _run(self, task: _Task) -> _Decoded:
         step, entry = task.item, task.item.entry
         src: Words | None = None
+        dst: Words | None = None
         if step.src_digest is not None:
             src = self.ckpt.tensors[entry.name].read(task.start, task.count)
             task.digests.feed(self.seq, 0, task.index, src)
@@ -133,11 +140,10 @@ class _Decoder:
             dst = self._decode(task, src)
             if entry.op != "unchanged":
                 task.digests.feed(self.seq, 1, task.index, dst)
-            if self.sink is not None:
-                self.sink(entry.name, task.start * entry.dtype.size, dst)
         if task.last:
             digests = task.digests
             check_digests(step, digests.hexdigest(self.seq, 0), digests.hexdigest(self.seq, 1))
+        return _Decoded(task, dst)
 
     def _decode(self, task: _Task, src: Words | None) -> Words:
         chunk = task.item.chunk(task.index)
@@ -155,14 +161,22 @@ def run_steps(
     delta: DeltaFile, ckpt: Checkpoint, steps: list[Step], sink: Sink | None,
     threads: int, progress: Progress | None,
 ) -> None:  # fmt: skip
-    """Decode and verify every step; raises the first failed check."""
+    """Decode and verify every step; raises the first failed check.
+
+    Workers decode and hash; this thread writes the output through ``sink``
+    (None: verify only) in file order, so that the kernel sees one sequential
+    writer instead of threads contending for the file.
+    """
     for step in steps:
         if step.entry.elements == 0:
             check_digests(step, EMPTY_DIGEST, EMPTY_DIGEST)
-    decoder = _Decoder(delta, ckpt, sink, Sequencer())
+    decoder = _Decoder(delta, ckpt, Sequencer())
     tasks = chunk_tasks(steps, lambda s: s.entry.elements, delta.header.chunk_elements, threads)
     try:
-        for task in ordered_map(decoder.run, tasks, threads):
+        for done in ordered_map(decoder.run, tasks, threads):
+            task = done.task
+            if sink is not None and done.words is not None:
+                sink(task.item.entry.name, task.start * task.item.entry.dtype.size, done.words)
             if progress is not None:
                 progress(task.count * task.item.entry.dtype.size)
     except Aborted:

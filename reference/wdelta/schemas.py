@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import jsonschema
@@ -90,75 +90,123 @@ def _pattern_keyword(
         yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
-_FLAT_KEYWORDS = frozenset({"type", "minimum", "pattern", "$ref"})
+_SCALAR_KEYWORDS = frozenset({"type", "minimum", "pattern"})
 _TYPES: dict[str, Callable[[Any], bool]] = {
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "string": lambda v: isinstance(v, str),
 }
+# A violation: (path inside the checked value, message).
+Violation = tuple[str, str]
+
+
+class _Check(Protocol):
+    def errors(self, value: Any) -> Violation | None: ...
+
+
+def _under(key: object, found: Violation | None) -> Violation | None:
+    if found is None:
+        return None
+    path, message = found
+    return (f"{key}/{path}" if path else str(key)), message
 
 
 @dataclass(frozen=True)
-class _Field:
-    key: str
+class _Scalar:
     type: str
     minimum: int | None
     pattern: re.Pattern[str] | None
 
+    def errors(self, value: Any) -> Violation | None:
+        if not _TYPES[self.type](value):
+            return "", f"{value!r} is not of type {self.type!r}"
+        if self.minimum is not None and value < self.minimum:
+            return "", f"{value!r} is less than the minimum of {self.minimum}"
+        if self.pattern is not None and not self.pattern.search(value):
+            return "", f"{value!r} does not match {self.pattern.pattern!r}"
+        return None
+
+
+@dataclass(frozen=True)
+class _Array:
+    items: _Check
+
+    def errors(self, value: Any) -> Violation | None:
+        if not isinstance(value, list):
+            return "", f"{value!r} is not of type 'array'"
+        for i, item in enumerate(value):
+            found = self.items.errors(item)
+            if found is not None:
+                return _under(i, found)
+        return None
+
+
+@dataclass(frozen=True)
+class _Object:
+    required: tuple[str, ...]
+    fields: tuple[tuple[str, _Check], ...]
+
+    def errors(self, value: Any) -> Violation | None:
+        if not isinstance(value, dict):
+            return "", f"{value!r} is not of type 'object'"
+        for key in self.required:
+            if key not in value:
+                return "", f"{key!r} is a required property"
+        for key, check in self.fields:
+            if key in value:
+                found = check.errors(value[key])
+                if found is not None:
+                    return _under(key, found)
+        return None
+
 
 def _resolve(root: dict[str, Any], sub: dict[str, Any]) -> dict[str, Any]:
-    """Inline local ``$ref``s (``#/$defs/...``) of a property subschema."""
+    """Inline local ``$ref``s (``#/$defs/...``) of a subschema."""
     while "$ref" in sub:
         ref = sub.pop("$ref")
         sub = {**root["$defs"][ref.removeprefix("#/$defs/")], **sub}
     return sub
 
 
-class FlatChecker:
-    """A compiled check of a flat ``$defs`` object schema (scalar properties only).
+def _compile(root: dict[str, Any], sub: dict[str, Any]) -> _Check:
+    """A check of ``sub``; ValueError for any keyword not implemented here."""
+    sub = _resolve(root, dict(sub))
+    kind = sub.get("type")
+    if kind == "object" and set(sub) <= {"type", "required", "properties"}:
+        fields = tuple((k, _compile(root, v)) for k, v in sub.get("properties", {}).items())
+        return _Object(tuple(sub.get("required", ())), fields)
+    if kind == "array" and set(sub) == {"type", "items"}:
+        return _Array(_compile(root, sub["items"]))
+    if kind in _TYPES and set(sub) <= _SCALAR_KEYWORDS:
+        pattern = ecma_pattern(sub["pattern"]) if "pattern" in sub else None
+        return _Scalar(kind, sub.get("minimum"), pattern)
+    raise ValueError(f"subschema {sub!r} uses keywords the compiled checker does not implement")
 
-    Header chunk entries number in the hundreds of thousands for a large
-    model, and jsonschema spends about 0.3 ms on each (75 s for 250k chunks);
-    this checker applies the same subschema, read from the schema file, at
-    memory speed.  It refuses to compile a subschema that uses any keyword it
-    does not implement, so the schema and this check cannot drift apart.
+
+class CompiledChecker:
+    """A compiled check of a ``$defs`` object schema built from a few keywords.
+
+    A header holds one tensor entry per tensor (~90 000 for a large MoE model)
+    and one chunk entry per chunk (hundreds of thousands), and jsonschema
+    spends 0.1-0.3 ms on each, minutes in all; this checker applies the same
+    subschema, read from the schema file, at memory speed.  It implements
+    ``type`` (object, array, integer, string), ``required``, ``properties``,
+    ``items``, ``minimum``, ``pattern`` and local ``$ref``, and refuses to
+    compile a subschema using any other keyword, so the schema and this check
+    cannot drift apart.
     """
 
     def __init__(self, schema: dict[str, Any], definition: str) -> None:
-        sub = schema["$defs"][definition]
-        if set(sub) - {"type", "required", "properties"} or sub.get("type") != "object":
-            raise ValueError(f"$defs/{definition} is not a flat object schema")
-        self.required = tuple(sub.get("required", ()))
-        self.fields = tuple(self._field(schema, k, v) for k, v in sub["properties"].items())
+        check = _compile(schema, schema["$defs"][definition])
+        if not isinstance(check, _Object):
+            raise ValueError(f"$defs/{definition} is not an object schema")
+        self._check = check
 
-    @staticmethod
-    def _field(schema: dict[str, Any], key: str, prop: dict[str, Any]) -> _Field:
-        prop = _resolve(schema, dict(prop))
-        if set(prop) - _FLAT_KEYWORDS or prop.get("type") not in _TYPES:
-            raise ValueError(f"property {key!r} uses keywords FlatChecker does not implement")
-        pattern = ecma_pattern(prop["pattern"]) if "pattern" in prop else None
-        return _Field(key, prop["type"], prop.get("minimum"), pattern)
-
-    def errors(self, value: Any) -> str | None:
-        """None if ``value`` is valid, else a message naming the first violation."""
-        if not isinstance(value, dict):
-            return "is not an object"
-        for key in self.required:
-            if key not in value:
-                return f"{key!r} is a required property"
-        for f in self.fields:
-            if f.key not in value:
-                continue
-            v = value[f.key]
-            if not _TYPES[f.type](v):
-                return f"{f.key}: {v!r} is not of type {f.type!r}"
-            if f.minimum is not None and v < f.minimum:
-                return f"{f.key}: {v!r} is less than the minimum of {f.minimum}"
-            if f.pattern is not None and not f.pattern.search(v):
-                return f"{f.key}: {v!r} does not match {f.pattern.pattern!r}"
-        return None
+    def errors(self, value: Any) -> Violation | None:
+        """None if ``value`` is valid, else the first violation's (path, message)."""
+        return self._check.errors(value)
 
 
 @cache
-def flat_checker(name: str, definition: str) -> FlatChecker:
-    """The :class:`FlatChecker` of ``$defs/definition`` in schema ``name``."""
-    return FlatChecker(load(name), definition)
+def compiled_checker(name: str, definition: str) -> CompiledChecker:
+    """The :class:`CompiledChecker` of ``$defs/definition`` in schema ``name``."""
+    return CompiledChecker(load(name), definition)
