@@ -13,7 +13,6 @@ worker); only the process's own command line does this, never the library.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 # mallopt(3) parameters of glibc's malloc.h.
@@ -27,12 +26,9 @@ def keep_chunk_buffers() -> bool:
     """Raise glibc's mmap and trim thresholds; False where there is no glibc."""
     if not sys.platform.startswith("linux"):
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        # The process's own symbols, libc's among them (no library search).
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False  # musl and others: no mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
