@@ -110,5 +110,6 @@ def decode(
     pos, values = sparse.decode(payload, m, word)
     if len(pos) != changed:
         raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header {changed}")
-    source[pos] = invert(kind, source[pos], values)
+    # take() gathers faster than fancy indexing; values are fresh and consumed.
+    source[pos] = invert(kind, source.take(pos), values)
     return source

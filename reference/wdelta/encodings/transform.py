@@ -50,16 +50,22 @@ def encode(kind: str, base: Words, target: Words) -> Words:
 
 
 def to_target(kind: str, base: Words, v: Words) -> Words:
-    """Recover target words from base words and transformed words."""
+    """Recover target words from base words and transformed words ``v``.
+
+    ``v`` is consumed: it holds the result (or scratch) afterwards.
+    """
     _check(kind)
     if kind == "xor":
-        return np.bitwise_xor(base, v)
-    return np.add(base, unzigzag(v.copy()))
+        return np.bitwise_xor(base, v, out=v)
+    return np.add(base, unzigzag(v), out=v)
 
 
 def to_base(kind: str, target: Words, v: Words) -> Words:
-    """Recover base words from target words and transformed words (reverse)."""
+    """Recover base words from target words and transformed words ``v`` (reverse).
+
+    ``v`` is consumed: it holds the result (or scratch) afterwards.
+    """
     _check(kind)
     if kind == "xor":
-        return np.bitwise_xor(target, v)
-    return np.subtract(target, unzigzag(v.copy()))
+        return np.bitwise_xor(target, v, out=v)
+    return np.subtract(target, unzigzag(v), out=v)
