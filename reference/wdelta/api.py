@@ -24,6 +24,7 @@ from .dtypes import to_numpy
 from .encoder import DiffOptions, Progress, diff_checkpoints
 from .errors import BadArgumentError, StorageError
 from .layout import SideLayout
+from .output_file import OutputFile
 
 PathLike = Union[str, "os.PathLike[str]"]
 CheckpointLike = Union[PathLike, Mapping[str, "np.ndarray[Any, Any]"], Checkpoint]  # noqa: UP007
@@ -87,16 +88,22 @@ def _apply_to_files(
         ((path, file_layout),) = layout.files
         with atomic_file(out) as fd:
             decoder.init_file(fd, file_layout)
-            sink = decoder.file_sink({path: fd}, offsets)
-            decoder.run_steps(delta, ckpt, steps, sink, threads, progress)
+            output = OutputFile(fd)
+            try:
+                sink = decoder.file_sink({path: output}, offsets)
+                decoder.run_steps(delta, ckpt, steps, sink, threads, progress)
+            finally:
+                output.close()
         return
     with atomic_folder(out) as folder, contextlib.ExitStack() as stack:
-        fds: dict[str, int] = {}
+        files: dict[str, OutputFile] = {}
         for path, file_layout in layout.files:
-            fds[path] = os.open(folder / path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            stack.callback(os.close, fds[path])
-            decoder.init_file(fds[path], file_layout)
-        decoder.run_steps(delta, ckpt, steps, decoder.file_sink(fds, offsets), threads, progress)
+            fd = os.open(folder / path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            stack.callback(os.close, fd)
+            decoder.init_file(fd, file_layout)
+            files[path] = OutputFile(fd)
+            stack.callback(files[path].close)
+        decoder.run_steps(delta, ckpt, steps, decoder.file_sink(files, offsets), threads, progress)
         (folder / layout.index[0]).write_text(layout.index[1], encoding="utf-8")
 
 

@@ -25,12 +25,17 @@ R = TypeVar("R")
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 
 
-def ordered_map(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Iterator[R]:
-    """Yield ``fn(item)`` for each item, in order, computing ahead on a pool."""
+def ordered_map(
+    fn: Callable[[T], R], items: Iterable[T], threads: int, ahead: int = 2
+) -> Iterator[R]:
+    """Yield ``fn(item)`` for each item, in order, computing ahead on a pool.
+
+    At most ``ahead * threads`` items are submitted but not yet yielded.
+    """
     if threads <= 1:
         yield from map(fn, items)
         return
-    window = 2 * threads
+    window = ahead * threads
     pending: deque[Future[R]] = deque()
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wdelta") as pool:
         try:

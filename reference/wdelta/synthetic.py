@@ -40,6 +40,7 @@ import numpy as np
 from .checkpoint.safetensors_header import FileLayout, build_header
 from .dtypes import DTYPES, DType
 from .errors import BadArgumentError
+from .output_file import pwrite_all
 from .pipeline import ordered_map
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
@@ -396,13 +397,6 @@ class WriteReport:
         return self.changed / self.elements if self.elements else 0.0
 
 
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-
-
 @dataclass(frozen=True)
 class _Job:
     weight: WeightSpec
@@ -417,11 +411,11 @@ def _write_job(job: _Job, offsets: dict[str, tuple[int, int]], seed: int, lr: fl
     out = _generate(w, seed, job.block, job.r0, job.r1, lr)
     words = out.target if out.target is not None else out.base
     fd, start = offsets[w.name]
-    _pwrite_all(fd, words.data, start + job.r0 * w.cols * w.dtype.size)
+    pwrite_all(fd, words.data, start + job.r0 * w.cols * w.dtype.size)
     scale = out.target_scale if out.target_scale is not None else out.base_scale
     if scale is not None:
         fd, start = offsets[w.scale_name]
-        _pwrite_all(fd, scale.data, start + (job.r0 // FP8_BLOCK) * scale.shape[1] * 4)
+        pwrite_all(fd, scale.data, start + (job.r0 // FP8_BLOCK) * scale.shape[1] * 4)
     return out.changed()
 
 
@@ -431,7 +425,7 @@ def _open_file(path: Path, weights: Sequence[WeightSpec]) -> tuple[int, FileLayo
     header = layout.header_text.encode("utf-8")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     os.ftruncate(fd, layout.data_start + layout.data_length)
-    _pwrite_all(fd, len(header).to_bytes(8, "little") + header, 0)
+    pwrite_all(fd, len(header).to_bytes(8, "little") + header, 0)
     return fd, layout
 
 

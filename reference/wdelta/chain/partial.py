@@ -11,7 +11,6 @@ and output tensor digest is still checked.
 from __future__ import annotations
 
 import fnmatch
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from ..encodings import chunk as chunk_codec
 from ..encodings import codec
 from ..errors import BaseMismatchError, ChecksumMismatchError
 from ..header import Chunk, Header, parse_header
+from ..output_file import pwrite_all
 from .local import TENSORS_KEY, VERSION_KEY
 from .manifest import Link
 from .storage.base import Progress, Storage
@@ -87,12 +87,6 @@ class _Blobs:
             self.progress(len(self.buf))
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        written = os.pwrite(fd, data, offset)
-        data, offset = data[written:], offset + written
-
-
 def _apply_tensor(
     header: Header, step: Step, ckpt: Checkpoint, blobs: _Blobs, fd: int, out_offset: int
 ) -> None:
@@ -115,7 +109,7 @@ def _apply_tensor(
                 entry.dtype.word, step.reverse, chunk.changed,
             )  # fmt: skip
         hashers[1].update(dst.data.cast("B"))
-        _pwrite_all(fd, dst.data.cast("B"), out_offset + start * entry.dtype.size)
+        pwrite_all(fd, dst.data.cast("B"), out_offset + start * entry.dtype.size)
     check_digests(step, hashers[0].hexdigest(), hashers[1].hexdigest())
 
 
@@ -160,4 +154,4 @@ def extract(full: Path, pattern: str, version_digest: str, out: Path) -> None:
                 step = 1 << 22
                 for start in range(0, t.elements, step):
                     words = t.read(start, min(step, t.elements - start))
-                    _pwrite_all(fd, words.data.cast("B"), offsets[t.name] + start * t.dtype.size)
+                    pwrite_all(fd, words.data.cast("B"), offsets[t.name] + start * t.dtype.size)

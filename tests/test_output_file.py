@@ -1,0 +1,118 @@
+"""OutputFile: split direct/buffered writes land every byte where it belongs."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wdelta import output_file
+from wdelta.output_file import ALIGN, OutputFile
+
+SIZE = 6 * ALIGN + 3 * output_file.DIRECT_MIN_BYTES + 123
+
+
+def _write_all(path: Path, pieces: list[tuple[int, int]], direct: bool) -> tuple[bytes, bool]:
+    """Write random bytes at (offset, length) pieces; returns (expected file, direct used)."""
+    rng = np.random.default_rng(len(pieces))
+    expected = bytearray(SIZE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, SIZE)
+        out = OutputFile(fd, direct=direct)
+        used = out.direct
+        for offset, length in pieces:
+            data = rng.integers(0, 256, length, dtype=np.uint8)
+            out.write(memoryview(data), offset)
+            expected[offset : offset + length] = data.tobytes()
+        out.close()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return bytes(expected), used
+
+
+@st.composite
+def _pieces(draw: st.DrawFn) -> list[tuple[int, int]]:
+    """Disjoint ranges in a random order, sizes from 1 byte to several aligned blocks."""
+    cuts = sorted(draw(st.sets(st.integers(1, SIZE - 1), max_size=12)))
+    bounds = [0, *cuts, SIZE]
+    ranges = [(a, b - a) for a, b in itertools.pairwise(bounds)]
+    return draw(st.permutations(ranges))
+
+
+@settings(max_examples=40, deadline=None)
+@given(pieces=_pieces(), direct=st.booleans())
+def test_every_byte_lands(
+    tmp_path_factory: Any, pieces: list[tuple[int, int]], direct: bool
+) -> None:
+    path = tmp_path_factory.mktemp("out") / "f.bin"
+    expected, _ = _write_all(path, pieces, direct)
+    assert path.read_bytes() == expected
+
+
+def test_direct_is_used_where_supported(tmp_path: Path) -> None:
+    probe = os.open(tmp_path / "probe", os.O_RDWR | os.O_CREAT, 0o644)
+    supported = output_file._open_direct(probe)
+    os.close(probe)
+    if supported is None:
+        pytest.skip("no O_DIRECT on this file system")
+    os.close(supported)
+    expected, used = _write_all(tmp_path / "f.bin", [(100, SIZE - 200)], True)
+    assert used
+    assert (tmp_path / "f.bin").read_bytes() == expected
+
+
+def test_refused_direct_writes_fall_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system that opens O_DIRECT but refuses the writes (EINVAL)."""
+    real = output_file.pwrite_all
+    direct_fds: list[int] = []
+
+    def pwrite_all(fd: int, data: Any, offset: int) -> None:
+        if direct_fds and fd == direct_fds[0]:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(fd, data, offset)
+
+    real_open = output_file._open_direct
+
+    def open_direct(fd: int) -> int | None:
+        got = real_open(fd)
+        direct_fds.append(got if got is not None else os.dup(fd))
+        return direct_fds[0]
+
+    monkeypatch.setattr(output_file, "pwrite_all", pwrite_all)
+    monkeypatch.setattr(output_file, "_open_direct", open_direct)
+    pieces = [(0, 5), (5, SIZE - 5)]
+    path = tmp_path / "f.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    os.ftruncate(fd, SIZE)
+    out = OutputFile(fd)
+    data = np.arange(SIZE, dtype=np.uint8)
+    for offset, length in pieces:
+        out.write(memoryview(data[offset : offset + length]), offset)
+    assert not out.direct
+    out.close()
+    os.close(fd)
+    assert path.read_bytes() == data.tobytes()
+
+
+def test_other_write_errors_propagate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = os.open(tmp_path / "f.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    os.ftruncate(fd, SIZE)
+    out = OutputFile(fd)
+
+    def full(fd: int, data: Any, offset: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(output_file, "pwrite_all", full)
+    with pytest.raises(OSError, match="No space"):
+        out.write(memoryview(bytes(SIZE)), 0)
+    out.close()
+    os.close(fd)
