@@ -172,8 +172,8 @@ def run_steps(
     """Decode and verify every step; raises the first failed check.
 
     Workers decode and hash; this thread writes the output through ``sink``
-    (None: verify only) in file order, so that the kernel sees one sequential
-    writer instead of threads contending for the file.
+    (None: verify only) in chunk order, so that the kernel sees one writer
+    instead of threads contending for the file.
     """
     for step in steps:
         if step.entry.elements == 0:
@@ -181,7 +181,8 @@ def run_steps(
     decoder = _Decoder(delta, ckpt, Sequencer())
     tasks = chunk_tasks(steps, lambda s: s.entry.elements, delta.header.chunk_elements, threads)
     try:
-        for done in ordered_map(decoder.run, tasks, threads, _WRITE_AHEAD):
+        ahead = _WRITE_AHEAD if sink is not None else 2
+        for done in ordered_map(decoder.run, tasks, threads, ahead):
             task = done.task
             if sink is not None and done.words is not None:
                 sink(task.item.entry.name, task.start * task.item.entry.dtype.size, done.words)

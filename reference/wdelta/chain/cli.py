@@ -1,6 +1,6 @@
 """``wdelta chain ...``: init, append, log, verify, pull, squash, prune.
 
-``register(subparsers)`` adds the ``chain`` command to the main parser; each
+``register(subparsers, help)`` adds the ``chain`` command to the main parser; each
 subcommand's ``func`` returns the exit status and lets WdeltaError propagate
 to the main CLI, which prints ``error: CATEGORY: message``.
 """

@@ -12,11 +12,14 @@ from typing import Any
 import numpy as np
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
-SAMPLE = 1 << 16
+# 16384 values estimate each plane's 256-bin entropy to well under the gap
+# between xor and sub seen on real steps (2.8 vs 1.9 bits per value), at a
+# quarter of the cost of 65536 (the pick was ~10% of diff time at 30%).
+SAMPLE = 1 << 14
 
 
 def sample(words: Words) -> Words:
-    """At most SAMPLE words, evenly strided."""
+    """Every ``max(1, len // SAMPLE)``-th word (fewer than 2·SAMPLE words)."""
     step = max(1, len(words) // SAMPLE)
     return np.ascontiguousarray(words[::step])
 
