@@ -9,6 +9,7 @@ path, inputs unchanged.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -295,3 +296,38 @@ def test_output_folder_not_empty(files: Files, tmp_path: Path) -> None:
     assert_error(run("apply", files.base, delta, "-o", tmp_path / "out"), "bad-argument")
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["mine"]
     assert leftovers(tmp_path) == []
+
+
+# ---------------------------------------------------------------- progress bars
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _run_on_tty(monkeypatch: pytest.MonkeyPatch, *args: object) -> tuple[int, str]:
+    """Run the CLI in-process with stderr looking like a terminal; (status, what it drew)."""
+    from wdelta import cli
+
+    terminal = _Terminal()
+    with monkeypatch.context() as m:
+        m.setattr(sys, "stderr", terminal)
+        status = cli.run([str(a) for a in args])
+    return status, terminal.getvalue()
+
+
+def test_progress_bars_on_a_terminal(
+    files: Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a TTY each long command draws a bar whose total is the bytes it will process."""
+    delta, out = tmp_path / "d.wdelta", tmp_path / "out.safetensors"
+    nbytes = sum(t.nbytes for t in wdelta.open_checkpoint(files.target).tensors.values())
+    status, drawn = _run_on_tty(monkeypatch, "diff", files.base, files.target, "-o", delta)
+    assert status == 0 and "diff: 100%" in drawn, drawn
+    status, drawn = _run_on_tty(monkeypatch, "apply", files.base, delta, "-o", out)
+    assert status == 0 and "apply: 100%" in drawn, drawn
+    assert f"{nbytes / 1000:.2f}k/{nbytes / 1000:.2f}k" in drawn, drawn
+    status, drawn = _run_on_tty(monkeypatch, "verify", delta, "--base", files.base)
+    assert status == 0 and "verify: 100%" in drawn, drawn
+    assert out.read_bytes() == files.target.read_bytes()

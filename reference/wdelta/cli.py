@@ -29,14 +29,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 @contextlib.contextmanager
-def _progress(args: argparse.Namespace, total: int, label: str) -> Iterator[Callable[[int], None]]:
-    """A byte-counting progress bar on stderr, silent if --quiet or not a TTY."""
+def _progress(
+    args: argparse.Namespace, total: Callable[[], int], label: str
+) -> Iterator[Callable[[int], None]]:
+    """A byte-counting progress bar on stderr, silent if --quiet or not a TTY.
+
+    ``total`` is only called (it opens the inputs) when the bar is shown.
+    """
     if args.quiet or not sys.stderr.isatty():
         yield lambda n: None
         return
     from tqdm import tqdm
 
-    with tqdm(total=total, unit="B", unit_scale=True, desc=label, file=sys.stderr) as bar:
+    with tqdm(total=total(), unit="B", unit_scale=True, desc=label, file=sys.stderr) as bar:
         yield bar.update
 
 
@@ -46,7 +51,9 @@ def _checkpoint_bytes(path: str) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    total = _checkpoint_bytes(args.base) + _checkpoint_bytes(args.target)
+    def total() -> int:
+        return _checkpoint_bytes(args.base) + _checkpoint_bytes(args.target)
+
     with _progress(args, total, "diff") as progress:
         api.diff(
             args.base, args.target, args.output, level=args.level, threads=args.threads,
@@ -61,8 +68,10 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
-    with open_delta(args.delta) as d:
-        total = sum(t.nbytes for t in d.header.tensors)
+    def total() -> int:
+        with open_delta(args.delta) as d:
+            return sum(t.nbytes for t in d.header.tensors)
+
     with _progress(args, total, "apply") as progress:
         api.apply(
             args.base, args.delta, args.output, reverse=args.reverse, threads=args.threads,
@@ -100,10 +109,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    with open_delta(args.delta) as d:
-        total = d.data_length
-        if args.base is not None:
-            total = sum(t.nbytes for t in d.header.tensors)
+    def total() -> int:
+        with open_delta(args.delta) as d:
+            if args.base is not None:
+                return sum(t.nbytes for t in d.header.tensors)
+            return d.data_length
+
     with _progress(args, total, "verify") as progress:
         api.verify(args.delta, args.base, threads=args.threads, progress=progress)
     if not args.quiet:
