@@ -36,8 +36,8 @@ def load(name: str) -> dict[str, Any]:
 
 
 @cache
-def validator(name: str) -> jsonschema.protocols.Validator:
-    """A compiled validator for schema ``name``."""
+def validator(name: str, definition: str | None = None) -> jsonschema.protocols.Validator:
+    """A compiled validator for schema ``name``, or for its ``$defs/definition``."""
     # Imported here: jsonschema costs ~65 ms of start-up, which ``wdelta diff``
     # (it writes headers, never validates them) should not pay.
     import jsonschema
@@ -50,6 +50,8 @@ def validator(name: str) -> jsonschema.protocols.Validator:
     cls = jsonschema.validators.extend(
         base, validators={"pattern": _pattern_keyword}, type_checker=checker
     )
+    if definition is not None:
+        schema = {"$defs": schema["$defs"], "$ref": f"#/$defs/{definition}"}
     v: jsonschema.protocols.Validator = cls(schema)
     return v
 

@@ -11,6 +11,7 @@ a Python loop.
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -83,8 +84,10 @@ def rice_encode(gaps: Positions, k: int, ones: Positions | None = None) -> tuple
 _LANE = 8
 
 
-def _lane_masks(k: int) -> list[tuple[int, np.uint64, np.uint64]]:
-    """Per merge step: (lane bits, mask of each lane pair's low lane, of its used bits)."""
+@cache
+def _lane_masks(k: int) -> tuple[tuple[int, np.uint64, np.uint64], ...]:
+    """Per merge step (8-, 16-, 32-bit lanes): (shift that closes the gap between a
+    lane pair's fields, mask of each pair's low lane, mask of the bits its field uses)."""
     steps = []
     width = k
     for lane in (8, 16, 32):
@@ -92,7 +95,7 @@ def _lane_masks(k: int) -> list[tuple[int, np.uint64, np.uint64]]:
         used = sum(((1 << width) - 1) << i for i in range(0, 64, 2 * lane))
         steps.append((lane - width, np.uint64(low), np.uint64(used)))
         width *= 2
-    return steps
+    return tuple(steps)
 
 
 def _pack_groups(rem8: np.ndarray[Any, np.dtype[np.uint8]], k: int) -> bytes:
