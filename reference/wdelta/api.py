@@ -65,8 +65,9 @@ def diff(
 ) -> Path:  # fmt: skip
     """Encode the delta from ``base`` to ``target`` into the file ``out``.
 
-    ``level`` is the zstd level of every blob; None picks per blob (level 3
-    for payloads up to 1 MiB, level 1 above, see ``codec.auto_level``).
+    ``level`` is the zstd level of every blob; None uses the encoder's own
+    parameters (zstd's fast strategy tuned for delta payloads, see
+    ``encodings.codec.AUTO_PARAMS``).
     """
     chunks = DiffOptions.chunk_elements if chunk_elements is None else chunk_elements
     opts = DiffOptions(level, threads, chunks, reversible)

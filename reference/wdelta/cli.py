@@ -177,7 +177,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("target")
     p.add_argument("-o", "--output", required=True, help="the .wdelta file to write")
     p.add_argument("--level", type=_level, default=None,
-                   help="zstd level -7..22, or auto (default: 3 up to 1 MiB, else 1)")  # fmt: skip
+                   help="zstd level -7..22 or auto (default: SPEC 11.2)")  # fmt: skip
     p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
     p.add_argument("--no-reverse", action="store_true",
                    help="allow full chunks and drop removed tensors (not reversible)")  # fmt: skip
