@@ -7,6 +7,7 @@ file (prefix, header, data) is written under a temporary name and renamed.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ._version import __version__
 from .atomic import TMP_PREFIX, atomic_file
@@ -28,6 +29,8 @@ from .layout import side_json
 from .pipeline import Aborted, ChunkTask, Sequencer, chunk_tasks, ordered_map
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
+# copy_file_range errors that mean "not here" (old kernel, file system, OS).
+_NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 Progress = Callable[[int], None]
 
 
@@ -240,8 +243,37 @@ def diff_checkpoints(
         header = _header_bytes(base, target, plans, opts)
         scratch.flush()
         scratch.seek(0)
-        with atomic_file(out) as fd, os.fdopen(os.dup(fd), "wb") as f:
-            f.write(pack_prefix(header, blobs.offset))
-            f.write(header)
-            shutil.copyfileobj(scratch, f, 1 << 22)
+        with atomic_file(out) as fd:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                f.write(pack_prefix(header, blobs.offset))
+                f.write(header)
+            _append(scratch, fd, blobs.offset)
     return out
+
+
+def _append(src: BinaryIO, fd: int, length: int) -> None:
+    """Append ``src`` (``length`` bytes from offset 0) at ``fd``'s position."""
+    done = _kernel_copy(src.fileno(), fd, length) if hasattr(os, "copy_file_range") else 0
+    if done < length:
+        src.seek(done)
+        with os.fdopen(os.dup(fd), "wb") as f:
+            shutil.copyfileobj(src, f, 1 << 22)
+
+
+def _kernel_copy(src: int, dst: int, length: int) -> int:
+    """Bytes copied with copy_file_range before it ended or proved unsupported.
+
+    The kernel copy saves the two user-space copies of the data section and
+    may share extents on file systems that can.
+    """
+    done = 0
+    try:
+        while done < length:
+            n = os.copy_file_range(src, dst, length - done, done)
+            if n == 0:
+                break
+            done += n
+    except OSError as exc:
+        if exc.errno not in _NO_KERNEL_COPY:
+            raise
+    return done
