@@ -48,7 +48,7 @@ def _compressor(level: int | None) -> zstandard.ZstdCompressor:
     return cache[level]
 
 
-def compress(raw: bytes, level: int | None) -> tuple[str, bytes]:
+def compress(raw: bytes | memoryview, level: int | None) -> tuple[str, bytes | memoryview]:
     """(codec, stored bytes): zstd unless it would not shrink the payload.
 
     ``level`` None selects the "auto" parameters (:data:`AUTO_PARAMS`).

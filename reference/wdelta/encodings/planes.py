@@ -13,17 +13,21 @@ import numpy as np
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 
 
-def split(words: Words) -> bytes:
-    """Plane j (j = 0 least significant) holds byte j of every word, in order."""
+def split(words: Words) -> memoryview:
+    """Plane j (j = 0 least significant) holds byte j of every word, in order.
+
+    The result is a byte view of a new buffer (of ``words`` itself for
+    one-byte words), ready to be joined without another copy.
+    """
     s = words.dtype.itemsize
     if s == 1:
-        return words.tobytes()
+        return np.ascontiguousarray(words).data.cast("B")
     # One strided copy per plane is 1.2-5x faster than transposing the matrix.
     by_byte = np.ascontiguousarray(words).view(np.uint8).reshape(-1, s)
     out = np.empty((s, len(by_byte)), dtype=np.uint8)
     for j in range(s):
         out[j] = by_byte[:, j]
-    return out.tobytes()
+    return out.data.cast("B")
 
 
 def join(data: bytes | memoryview, count: int, word: np.dtype[Any]) -> Words:

@@ -61,17 +61,18 @@ def encode(pos: Positions, values: Words, m: int, plan: PositionPlan) -> bytes:
     if plan.coding == BITMAP:
         head = _HEAD.pack(BITMAP, 0, bytes(6), count)
         body = positions.bitmap_encode(pos, m)
-        return head + body + planes.split(values)
+        return b"".join((head, body, planes.split(values)))
     gaps = plan.gaps if plan.gaps is not None else positions.gaps_of(pos)
     unary, rem = positions.rice_encode(gaps, plan.k, plan.ones)
     head = _HEAD.pack(RICE, plan.k, bytes(6), count) + struct.pack("<Q", len(unary))
-    return head + unary + rem + planes.split(values)
+    return b"".join((head, unary, rem, planes.split(values)))
 
 
 def encode_mask(mask: np.ndarray[Any, np.dtype[np.bool_]], values: Words) -> bytes:
     """Bitmap payload straight from a changed-element mask (no positions needed)."""
     head = _HEAD.pack(BITMAP, 0, bytes(6), len(values))
-    return head + np.packbits(mask, bitorder="little").tobytes() + planes.split(values)
+    bits = np.packbits(mask, bitorder="little")
+    return b"".join((head, bits.data, planes.split(values)))
 
 
 def decode(payload: bytes | memoryview, m: int, word: np.dtype[Any]) -> tuple[Positions, Words]:
