@@ -165,9 +165,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser of the ``wdelta`` command.
 
     ``chain`` and ``conformance`` import their modules (storage clients, the
-    vectors' manifest: ~60 ms) only when ``command`` names them or is None;
-    otherwise they are listed by name and help only, so that ``diff`` and
-    ``apply`` start faster.
+    vectors' manifest: ~60 ms) only when ``command`` names them; otherwise
+    they are listed by name and help only, so that ``diff`` and ``apply``
+    (and ``--version``, ``--help``) start faster.
     """
     parser = _Parser(prog="wdelta", description="Bit-exact weight deltas between checkpoints.")
     parser.add_argument("--version", action="version", version=f"wdelta {__version__}")
@@ -199,8 +199,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--base", default=None)
     _add_common(p)
     p.set_defaults(func=_cmd_verify)
-    _add_conformance(sub, command in (None, "conformance"))
-    _add_chain(sub, command in (None, "chain"))
+    _add_conformance(sub, command == "conformance")
+    _add_chain(sub, command == "chain")
     return parser
 
 
