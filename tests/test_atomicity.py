@@ -20,6 +20,7 @@ import pytest
 import wdelta
 import wdelta.decoder
 import wdelta.encodings.chunk
+import wdelta.prepend
 from kit import (
     RawTensor,
     leftovers,
@@ -219,52 +220,23 @@ def test_apply_into_missing_folder(pair: tuple[Path, Path, Path], tmp_path: Path
     assert not (tmp_path / "missing").exists()
 
 
-def _copy_file_range_failing(errno_value: int, after: int) -> Callable[..., int]:
-    """os.copy_file_range that copies ``after`` small pieces, then raises ``errno_value``."""
-    real = os.copy_file_range
-    calls = {"n": 0}
 
-    def copy(src: int, dst: int, count: int, offset_src: int | None = None) -> int:
-        if calls["n"] >= after:
-            raise OSError(errno_value, os.strerror(errno_value))
-        calls["n"] += 1
-        return real(src, dst, min(count, 100), offset_src)
-
-    return copy
-
-
-@pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="no copy_file_range")
-@pytest.mark.parametrize("after", [0, 3])
-@pytest.mark.parametrize("code", [errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL])
-def test_diff_falls_back_from_kernel_copy(
-    pair: tuple[Path, Path, Path], after: int, code: int, monkeypatch: pytest.MonkeyPatch
+def test_diff_error_while_prepending_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where copy_file_range is unsupported (at once or midway) the bytes are the same."""
-    base, target, folder = pair
-    want = wdelta.diff(base, target, folder / "want.wdelta", threads=1).read_bytes()
-    monkeypatch.setattr(os, "copy_file_range", _copy_file_range_failing(code, after))
-    got = wdelta.diff(base, target, folder / "got.wdelta", threads=1).read_bytes()
-    assert got == want
+    """An I/O error while the header is put in front of the blobs: io-error, no file."""
+    rng = np.random.default_rng(3)
+    words = rng.integers(0, 2**32, 400_000, dtype=np.uint32)
+    base, target = tmp_path / "b.safetensors", tmp_path / "t.safetensors"
+    base.write_bytes(safetensors_bytes({"w": RawTensor("U32", (400_000,), words.tobytes())}))
+    target.write_bytes(safetensors_bytes({"w": RawTensor("U32", (400_000,), (~words).tobytes())}))
 
+    def broken(*args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-@pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="no copy_file_range")
-def test_diff_kernel_copy_error_is_an_io_error(
-    pair: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    base, target, _ = pair
-    monkeypatch.setattr(os, "copy_file_range", _copy_file_range_failing(errno.ENOSPC, 1))
+    monkeypatch.setattr(wdelta.prepend, "insert_front", broken)
+    monkeypatch.setattr(wdelta.prepend, "shift_forward", broken)
     with pytest.raises(wdelta.StorageError) as info:
         wdelta.diff(base, target, tmp_path / "d.wdelta")
     assert info.value.category == "io-error"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
-
-
-def test_diff_without_kernel_copy(
-    pair: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On systems without copy_file_range the data section is copied in user space."""
-    base, target, folder = pair
-    want = wdelta.diff(base, target, folder / "want.wdelta", threads=1).read_bytes()
-    monkeypatch.delattr(os, "copy_file_range", raising=False)
-    got = wdelta.diff(base, target, folder / "got.wdelta", threads=1).read_bytes()
-    assert got == want
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.safetensors", "t.safetensors"]

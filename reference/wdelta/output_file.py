@@ -81,7 +81,8 @@ class OutputFile:
         pwrite_all(self.fd, data, offset)
         # Start writeback now (Linux begins asynchronous I/O for dirty pages
         # on DONTNEED), so the final fsync overlaps with decoding.
-        os.posix_fadvise(self.fd, offset, len(data), os.POSIX_FADV_DONTNEED)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, offset, len(data), os.POSIX_FADV_DONTNEED)
 
     def _write_direct(self, data: memoryview, offset: int) -> bool:
         """Write an aligned range through the staging buffer; False if refused."""

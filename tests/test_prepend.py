@@ -1,0 +1,189 @@
+"""Prefix and header put in front of already written blobs (wdelta.prepend, SPEC §4.1).
+
+``diff`` writes the data section first.  Where fallocate can insert a range,
+the header is padded so that the data starts on a 4096-byte boundary and
+nothing is moved; elsewhere the data is shifted and the padding is 0-7 bytes.
+Both paths must give the same data section and the same rebuilt target.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import wdelta
+import wdelta.encoder
+import wdelta.prepend as prepend
+from kit import RawTensor, safetensors_bytes
+
+
+def _failing(code: int) -> Callable[[int, int, int, int], int]:
+    def fallocate(fd: int, mode: int, offset: int, length: int) -> int:
+        ctypes.set_errno(code)
+        return -1
+
+    return fallocate
+
+
+def _insert_works(folder: Path) -> bool:
+    probe = folder / "probe"
+    probe.write_bytes(b"x" * 10)
+    fd = os.open(probe, os.O_RDWR)
+    try:
+        return prepend.insert_front(fd, prepend.BLOCK)
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=0, max_size=5000), by=st.integers(1, 3000),
+       block=st.integers(1, 700))  # fmt: skip
+def test_shift_forward_moves_every_byte(
+    data: bytes, by: int, block: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = tmp_path_factory.mktemp("shift") / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(prepend, "_SHIFT_BYTES", block)
+            prepend.shift_forward(fd, len(data), by)
+    finally:
+        os.close(fd)
+    moved = path.read_bytes()
+    assert len(moved) == len(data) + by if data else len(moved) == 0
+    assert moved[by:] == data
+
+
+def test_insert_front_keeps_the_data(tmp_path: Path) -> None:
+    if not _insert_works(tmp_path):
+        pytest.skip("this file system cannot insert ranges")
+    data = os.urandom(3 * prepend.BLOCK + 123)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert prepend.insert_front(fd, 2 * prepend.BLOCK)
+    finally:
+        os.close(fd)
+    grown = path.read_bytes()
+    assert len(grown) == len(data) + 2 * prepend.BLOCK
+    assert grown[2 * prepend.BLOCK :] == data
+
+
+@pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS, errno.ENODEV])
+def test_insert_front_unsupported_leaves_the_file(
+    code: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prepend, "_fallocate", lambda: _failing(code))
+    path = tmp_path / "f"
+    path.write_bytes(b"abc")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert not prepend.insert_front(fd, prepend.BLOCK)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"abc"
+
+
+def test_insert_front_other_errors_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prepend, "_fallocate", lambda: _failing(errno.ENOSPC))
+    path = tmp_path / "f"
+    path.write_bytes(b"abc")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with pytest.raises(OSError) as info:
+            prepend.insert_front(fd, prepend.BLOCK)
+        assert info.value.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def test_no_fallocate_means_no_insert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prepend, "_fallocate", lambda: None)
+    path = tmp_path / "f"
+    path.write_bytes(b"abc")
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert not prepend.insert_front(fd, prepend.BLOCK)
+    finally:
+        os.close(fd)
+
+
+def _pair(folder: Path, elements: int) -> tuple[Path, Path]:
+    """Base and target whose delta is about 4 bytes per element (random changes)."""
+    rng = np.random.default_rng(7)
+    base = rng.integers(0, 2**32, elements, dtype=np.uint32)
+    target = base ^ rng.integers(1, 2**32, elements, dtype=np.uint32)
+    paths = []
+    for name, words in (("base", base), ("target", target)):
+        path = folder / f"{name}.safetensors"
+        path.write_bytes(safetensors_bytes({"w": RawTensor("U32", (elements,), words.tobytes())}))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def _layout(delta: Path) -> tuple[int, int, bytes]:
+    """(N, D, data section) of a delta file."""
+    raw = delta.read_bytes()
+    n, d = struct.unpack_from("<Q", raw, 16)[0], struct.unpack_from("<Q", raw, 56)[0]
+    assert len(raw) == 64 + n + d
+    return n, d, raw[64 + n :]
+
+
+@pytest.mark.parametrize("insert", [True, False], ids=["insert", "shift"])
+def test_large_delta_either_path(
+    insert: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data section of >= 1 MiB: 4096-aligned data when inserting, 0-7 spaces when shifting."""
+    if insert and not _insert_works(tmp_path):
+        pytest.skip("this file system cannot insert ranges")
+    base, target = _pair(tmp_path, 400_000)
+    reference = wdelta.diff(base, target, tmp_path / "ref.wdelta", chunk_elements=65536)
+    if not insert:
+        monkeypatch.setattr(prepend, "_fallocate", lambda: _failing(errno.EOPNOTSUPP))
+    delta = wdelta.diff(base, target, tmp_path / "d.wdelta", chunk_elements=65536)
+    n, d, data = _layout(delta)
+    assert d >= 1 << 20
+    header = delta.read_bytes()[64 : 64 + n]
+    padding = len(header) - len(header.rstrip(b" "))
+    if insert:
+        assert (64 + n) % prepend.BLOCK == 0 and padding < prepend.BLOCK
+    else:
+        assert padding < 8 and n % 8 == 0
+    assert data == _layout(reference)[2]
+    rebuilt = wdelta.apply(base, delta, tmp_path / "rebuilt.safetensors")
+    assert rebuilt.read_bytes() == target.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "base.safetensors", "d.wdelta", "rebuilt.safetensors", "ref.wdelta", "target.safetensors",
+    ]  # fmt: skip
+
+
+def test_small_delta_keeps_short_padding(tmp_path: Path) -> None:
+    """Below 1 MiB of data, 4 KiB of alignment would cost more than moving the data."""
+    base, target = _pair(tmp_path, 1000)
+    n, d, _ = _layout(wdelta.diff(base, target, tmp_path / "d.wdelta"))
+    assert 0 < d < 1 << 20
+    header = (tmp_path / "d.wdelta").read_bytes()[64 : 64 + n]
+    assert len(header) - len(header.rstrip(b" ")) < 8
+
+
+def test_header_over_the_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoder never writes a file whose header a reader must refuse."""
+    base, target = _pair(tmp_path, 1000)
+    monkeypatch.setattr(wdelta.encoder, "MAX_HEADER_BYTES", 500)
+    with pytest.raises(wdelta.LimitExceededError) as info:
+        wdelta.diff(base, target, tmp_path / "d.wdelta", chunk_elements=16)
+    assert info.value.category == "limit-exceeded"
+    assert not (tmp_path / "d.wdelta").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.safetensors", "target.safetensors"]
