@@ -8,11 +8,12 @@ Both paths must give the same data section and the same rebuilt target.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,15 +35,22 @@ def _failing(code: int) -> Callable[[int, int, int, int], int]:
     return fallocate
 
 
-def _insert_works(folder: Path) -> bool:
-    probe = folder / "probe"
-    probe.write_bytes(b"x" * 10)
-    fd = os.open(probe, os.O_RDWR)
+@contextlib.contextmanager
+def _opened(path: Path, data: bytes) -> Iterator[int]:
+    """A read-write descriptor on ``path``, which is created holding ``data``."""
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDWR)
     try:
-        return prepend.insert_front(fd, prepend.BLOCK)
+        yield fd
     finally:
         os.close(fd)
-        probe.unlink()
+
+
+def _insert_works(folder: Path) -> bool:
+    with _opened(folder / "probe", b"x" * 10) as fd:
+        works = prepend.insert_front(fd, prepend.BLOCK)
+    (folder / "probe").unlink()
+    return works
 
 
 @settings(max_examples=60, deadline=None)
@@ -52,14 +60,9 @@ def test_shift_forward_moves_every_byte(
     data: bytes, by: int, block: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     path = tmp_path_factory.mktemp("shift") / "f"
-    path.write_bytes(data)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(prepend, "_SHIFT_BYTES", block)
-            prepend.shift_forward(fd, len(data), by)
-    finally:
-        os.close(fd)
+    with _opened(path, data) as fd, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(prepend, "_SHIFT_BYTES", block)
+        prepend.shift_forward(fd, len(data), by)
     moved = path.read_bytes()
     assert len(moved) == len(data) + by if data else len(moved) == 0
     assert moved[by:] == data
@@ -69,55 +72,31 @@ def test_insert_front_keeps_the_data(tmp_path: Path) -> None:
     if not _insert_works(tmp_path):
         pytest.skip("this file system cannot insert ranges")
     data = os.urandom(3 * prepend.BLOCK + 123)
-    path = tmp_path / "f"
-    path.write_bytes(data)
-    fd = os.open(path, os.O_RDWR)
-    try:
+    with _opened(tmp_path / "f", data) as fd:
         assert prepend.insert_front(fd, 2 * prepend.BLOCK)
-    finally:
-        os.close(fd)
-    grown = path.read_bytes()
+    grown = (tmp_path / "f").read_bytes()
     assert len(grown) == len(data) + 2 * prepend.BLOCK
     assert grown[2 * prepend.BLOCK :] == data
 
 
-@pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS, errno.ENODEV])
+@pytest.mark.parametrize(
+    "code", [None, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS, errno.ENODEV],
+    ids=["no-fallocate", "EOPNOTSUPP", "EINVAL", "ENOSYS", "ENODEV"],
+)  # fmt: skip
 def test_insert_front_unsupported_leaves_the_file(
-    code: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    code: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(prepend, "_fallocate", lambda: _failing(code))
-    path = tmp_path / "f"
-    path.write_bytes(b"abc")
-    fd = os.open(path, os.O_RDWR)
-    try:
+    monkeypatch.setattr(prepend, "_fallocate", lambda: None if code is None else _failing(code))
+    with _opened(tmp_path / "f", b"abc") as fd:
         assert not prepend.insert_front(fd, prepend.BLOCK)
-    finally:
-        os.close(fd)
-    assert path.read_bytes() == b"abc"
+    assert (tmp_path / "f").read_bytes() == b"abc"
 
 
 def test_insert_front_other_errors_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prepend, "_fallocate", lambda: _failing(errno.ENOSPC))
-    path = tmp_path / "f"
-    path.write_bytes(b"abc")
-    fd = os.open(path, os.O_RDWR)
-    try:
-        with pytest.raises(OSError) as info:
-            prepend.insert_front(fd, prepend.BLOCK)
-        assert info.value.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-
-
-def test_no_fallocate_means_no_insert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prepend, "_fallocate", lambda: None)
-    path = tmp_path / "f"
-    path.write_bytes(b"abc")
-    fd = os.open(path, os.O_RDWR)
-    try:
-        assert not prepend.insert_front(fd, prepend.BLOCK)
-    finally:
-        os.close(fd)
+    with _opened(tmp_path / "f", b"abc") as fd, pytest.raises(OSError) as info:
+        prepend.insert_front(fd, prepend.BLOCK)
+    assert info.value.errno == errno.ENOSPC
 
 
 def _pair(folder: Path, elements: int) -> tuple[Path, Path]:
