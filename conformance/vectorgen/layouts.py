@@ -211,6 +211,13 @@ def add_header_text(suite: Suite) -> None:
                   f"header JSON followed by {pad} space(s) of padding", "§4.1",
                   "the JSON text is followed by 0 to 7 space bytes so that N mod 8 = "
                   "0")  # fmt: skip
+    aligned = base_delta.copy()
+    aligned.header_hook = lambda h: h + b" " * (-(64 + len(h)) % 4096)
+    add_valid(suite, "valid/header/padding-page-aligned", pair, aligned,
+              "header JSON followed by the spaces (fewer than 4096) that make the data "
+              "section start at a file offset that is a multiple of 4096", "§4.1",
+              "or fewer than 4096 so that the data section starts at a file offset that is a "
+              "multiple of 4096 ((64 + N) mod 4096 = 0)")  # fmt: skip
     spaced = base_delta.copy()
     spaced.header_hook = lambda h: (
         json.dumps(
