@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from functools import cache
 
+from .checkpoint.source import pread_into
 from .output_file import pwrite_all
 
 # Inserted ranges must be multiples of the file system block size; 4096 is
@@ -67,17 +68,7 @@ def shift_forward(fd: int, length: int, by: int) -> None:
     end = length
     while end > 0:
         start = max(0, end - _SHIFT_BYTES)
-        block = _pread_exact(fd, end - start, start)
+        block = memoryview(bytearray(end - start))
+        pread_into(fd, block, start)
         pwrite_all(fd, block, start + by)
         end = start
-
-
-def _pread_exact(fd: int, size: int, offset: int) -> bytes:
-    parts = []
-    while size:
-        part = os.pread(fd, size, offset)
-        if not part:
-            raise OSError(errno.EIO, "file ended while moving its data")
-        parts.append(part)
-        size, offset = size - len(part), offset + len(part)
-    return b"".join(parts)

@@ -39,8 +39,8 @@ def encode_full(words: Words, level: int | None) -> Encoded:
 
 def _pick_transform(base: Words, target: Words, pos: Positions) -> str:
     """The transform whose values at ``pos`` look cheaper, judged on a sample."""
-    step = max(1, len(pos) // estimate.SAMPLE)
-    b, t = base.take(pos[::step]), target.take(pos[::step])
+    sampled = estimate.sample(pos)
+    b, t = base.take(sampled), target.take(sampled)
     xor_bits = estimate.value_bits(np.bitwise_xor(b, t))
     sub_bits = estimate.value_bits(transform.encode("sub", b, t))
     return "sub" if sub_bits < xor_bits else "xor"

@@ -18,10 +18,10 @@ Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 SAMPLE = 1 << 14
 
 
-def sample(words: Words) -> Words:
-    """Every ``max(1, len // SAMPLE)``-th word (fewer than 2·SAMPLE words)."""
-    step = max(1, len(words) // SAMPLE)
-    return np.ascontiguousarray(words[::step])
+def sample(items: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Every ``max(1, len // SAMPLE)``-th item (fewer than 2·SAMPLE items)."""
+    step = max(1, len(items) // SAMPLE)
+    return np.ascontiguousarray(items[::step])
 
 
 def entropy_bits(counts: np.ndarray[Any, Any]) -> float:
