@@ -76,7 +76,7 @@ def copy_lines(results: list[Result]) -> list[str]:
     return lines
 
 
-def _paired(ratios: list[float]) -> str:
+def _rounds_text(ratios: list[float]) -> str:
     return "rounds " + ", ".join(f"{x:.2f}" for x in ratios)
 
 
@@ -101,12 +101,12 @@ def targets(results: list[Result]) -> list[list[str]]:
         diff, zstd = _rate(full, r["diff"]["seconds"]), _rate(full, r["zstd3"]["seconds"])
         rows.append([f"{r['name']}: diff faster than zstd -3 (1 thread)",
                      f"{diff:.3f} vs {zstd:.3f} GB/s ({diff / zstd:.2f}x; "
-                     f"{_paired(r['diff_vs_zstd3'])})",
+                     f"{_rounds_text(r['diff_vs_zstd3'])})",
                      _verdict(diff > zstd)])  # fmt: skip
         apply, copy = _rate(full, r["apply"]["seconds"]), _rate(full, r["copy"]["seconds"])
         rows.append([f"{r['name']}: apply >= 50% of file copy",
                      f"{apply:.3f} vs {copy:.3f} GB/s ({apply / copy:.0%}; "
-                     f"{_paired(r['apply_vs_copy'])})",
+                     f"{_rounds_text(r['apply_vs_copy'])})",
                      _verdict(apply >= 0.5 * copy)])  # fmt: skip
         d_rss, a_rss = r["diff"]["max_rss"], r["apply"]["max_rss"]
         rows.append([f"{r['name']}: peak RSS of diff and apply < 1 GiB",
