@@ -66,8 +66,8 @@ def diff(
     """Encode the delta from ``base`` to ``target`` into the file ``out``.
 
     ``level`` is the zstd level of every blob; None uses the encoder's own
-    parameters (zstd's fast strategy tuned for delta payloads, see
-    ``encodings.codec.AUTO_PARAMS``).
+    policy (level 3 below 64 KiB, zstd's fast strategy tuned for delta
+    payloads above, see ``encodings.codec.compress``).
     """
     chunks = DiffOptions.chunk_elements if chunk_elements is None else chunk_elements
     opts = DiffOptions(level, threads, chunks, reversible)
