@@ -1,0 +1,51 @@
+"""The benchmark scripts run end to end on a tiny case (about 12 s).
+
+Speeds are not checked (tests never judge wall-clock time); what is checked is
+that bench/run.py measures every case, rebuilds the target byte for byte,
+writes its JSON and report, and that bench/stages.py accounts for every element.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_bench_run_and_stages(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--dir", str(tmp_path / "data"),
+         "--elements", "3000000", "--densities", "0.02,0.3", "--fp8-density", "0.02",
+         "--repeat", "2", "--xor-sample-mib", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    names = [r["name"] for r in doc["results"]]
+    assert names == ["bf16 2.0%", "bf16 30.0%", "fp8 e4m3 2.0%"]
+    for r in doc["results"]:
+        assert r["identical"]
+        assert len(r["diff_vs_zstd3"]) == len(r["apply_vs_copy"]) == 2
+        assert all(x > 0 for x in r["diff_vs_zstd3"] + r["apply_vs_copy"])
+        assert 0 < r["delta_bytes"] < r["full_bytes"]
+    assert "### Targets" in run.stdout and "apply >= 50% of file copy" in run.stdout
+
+    case = next((tmp_path / "data").glob("bf16-*"))
+    stages = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "stages.py"), str(case / "base.safetensors"),
+         str(case / "target-0.3.safetensors")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert stages.returncode == 0, stages.stderr
+    elements = int(stages.stdout.split(" elements")[0].replace(",", ""))
+    with open(case / "base.safetensors", "rb") as f:
+        tensors = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    tensors.pop("__metadata__", None)
+    assert elements == sum(math.prod(t["shape"]) for t in tensors.values())
+    for step in ("BLAKE3", "positions", "values", "zstd", "read"):
+        assert step in stages.stdout
