@@ -92,6 +92,21 @@ def test_insert_front_unsupported_leaves_the_file(
     assert (tmp_path / "f").read_bytes() == b"abc"
 
 
+def test_insert_front_retries_after_a_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def fallocate(fd: int, mode: int, offset: int, length: int) -> int:
+        calls.append((fd, mode, offset, length))
+        if len(calls) < 3:
+            ctypes.set_errno(errno.EINTR)
+            return -1
+        return 0
+
+    monkeypatch.setattr(prepend, "_fallocate", lambda: fallocate)
+    assert prepend.insert_front(5, prepend.BLOCK)
+    assert calls == [(5, 0x20, 0, prepend.BLOCK)] * 3
+
+
 def test_insert_front_other_errors_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prepend, "_fallocate", lambda: _failing(errno.ENOSPC))
     with _opened(tmp_path / "f", b"abc") as fd, pytest.raises(OSError) as info:

@@ -55,12 +55,15 @@ def insert_front(fd: int, length: int) -> bool:
     fallocate = _fallocate()
     if fallocate is None:
         return False
-    if fallocate(fd, _INSERT_RANGE, 0, length) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in _UNSUPPORTED:
-        return False
-    raise OSError(code, os.strerror(code))
+    while fallocate(fd, _INSERT_RANGE, 0, length) != 0:
+        code = ctypes.get_errno()
+        # A ctypes call is not retried on a signal as os functions are (PEP 475).
+        if code == errno.EINTR:
+            continue
+        if code in _UNSUPPORTED:
+            return False
+        raise OSError(code, os.strerror(code))
+    return True
 
 
 def shift_forward(fd: int, length: int, by: int) -> None:
