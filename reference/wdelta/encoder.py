@@ -24,7 +24,7 @@ from .encodings import chunk as chunk_codec
 from .errors import BadArgumentError, LimitExceededError
 from .header import FORMAT_VERSION, MAX_CHUNK_ELEMENTS
 from .layout import side_json
-from .output_file import pwrite_all
+from .output_file import pwrite_all, start_writeback
 from .pipeline import Aborted, ChunkTask, Sequencer, chunk_tasks, ordered_map
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
@@ -166,10 +166,7 @@ class _BlobWriter:
     def flush(self) -> None:
         """Write out buffered blobs and start writeback of what is new."""
         self.f.flush()
-        if hasattr(os, "posix_fadvise") and self.offset > self._handed:
-            # On Linux DONTNEED starts asynchronous writeback of dirty pages.
-            advice = os.POSIX_FADV_DONTNEED
-            os.posix_fadvise(self.f.fileno(), self._handed, self.offset - self._handed, advice)
+        start_writeback(self.f.fileno(), self._handed, self.offset - self._handed)
         self._handed = self.offset
 
 

@@ -37,6 +37,14 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Hand a just-written range to the kernel's writeback, so that a later
+    fsync overlaps with the work in between (on Linux, POSIX_FADV_DONTNEED
+    starts asynchronous I/O for dirty pages); nothing where there is no fadvise."""
+    if hasattr(os, "posix_fadvise") and length > 0:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
 class OutputFile:
     """Writes to an open, already sized output file ``fd``; see the module doc.
 
@@ -79,10 +87,7 @@ class OutputFile:
 
     def _buffered(self, data: memoryview, offset: int) -> None:
         pwrite_all(self.fd, data, offset)
-        # Start writeback now (Linux begins asynchronous I/O for dirty pages
-        # on DONTNEED), so the final fsync overlaps with decoding.
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self.fd, offset, len(data), os.POSIX_FADV_DONTNEED)
+        start_writeback(self.fd, offset, len(data))
 
     def _write_direct(self, data: memoryview, offset: int) -> bool:
         """Write an aligned range through the staging buffer; False if refused."""
