@@ -24,7 +24,7 @@ import numpy as np
 from wdelta.checkpoint.source import open_checkpoint
 from wdelta.digest import new_hasher
 from wdelta.encoder import DEFAULT_CHUNK_ELEMENTS
-from wdelta.encodings import chunk, codec, sparse
+from wdelta.encodings import chunk, codec, estimate, sparse, transform
 from wdelta.malloc_tuning import keep_chunk_buffers
 
 R = TypeVar("R")
@@ -49,17 +49,38 @@ def encode_chunk(clock: Clock, b: np.ndarray[Any, Any], t: np.ndarray[Any, Any])
     clock("BLAKE3 of base and target", h.update, b.data.cast("B"))
     clock("BLAKE3 of base and target", h.update, t.data.cast("B"))
     mask = clock("mask (base != target)", np.not_equal, b, t)
-    pos = clock("positions (flatnonzero)", np.flatnonzero, mask)
-    if len(pos) == 0:
+    count = int(clock("mask (base != target)", np.count_nonzero, mask))
+    if count == 0:
         return
-    kind = clock("transform pick (sample)", chunk._pick_transform, b, t, pos)
-    values = clock("values (gather + transform)", chunk._values, kind, b, t, pos)
-    if len(pos) >= len(b) * chunk.BITMAP_DENSITY:
-        payload = clock("payload (bitmap + planes)", sparse.encode_mask, mask, values)
+    if count >= len(b) * chunk.BITMAP_DENSITY:
+        payload = bitmap_chunk(clock, b, t, mask, count)
     else:
+        pos = clock("positions (flatnonzero)", np.flatnonzero, mask)
+        sampled = clock("transform pick (sample)", estimate.sample, pos)
+        kind = clock("transform pick (sample)", chunk._pick_transform, b, t, sampled)
+        bv = clock("values (gather + transform)", b.take, pos)
+        tv = clock("values (gather + transform)", t.take, pos)
+        values = clock("values (gather + transform)", transform.encode, kind, bv, tv)
         plan = clock("payload (Rice + planes)", sparse.plan_positions, pos, len(b))
         payload = clock("payload (Rice + planes)", sparse.encode, pos, values, len(b), plan)
     clock("zstd (auto parameters)", codec.compress, payload, None)
+
+
+def bitmap_chunk(
+    clock: Clock, b: np.ndarray[Any, Any], t: np.ndarray[Any, Any], mask: Any, count: int
+) -> memoryview:
+    """``chunk._bitmap_payload`` step by step (its block loop unrolled here)."""
+    sampled = clock("transform pick (sample)", estimate.sample_mask, mask, count)
+    kind = clock("transform pick (sample)", chunk._pick_transform, b, t, sampled)
+    payload = clock("payload (bitmap + planes)", sparse.BitmapPayload, mask, count, b.dtype)
+    for lo in range(0, len(b), chunk.BLOCK_ELEMENTS):
+        hi = lo + chunk.BLOCK_ELEMENTS
+        pos = clock("positions (flatnonzero)", np.flatnonzero, mask[lo:hi])
+        d = clock("values (gather + transform)", transform.difference, kind, b[lo:hi], t[lo:hi])
+        values = clock("values (gather + transform)", d.take, pos)
+        clock("values (gather + transform)", transform.code, kind, values)
+        clock("payload (bitmap + planes)", payload.add, values)
+    return payload.finish()
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from kit import (
     word_dtype,
     zstd_frame,
 )
-from wdelta.encodings import chunk, codec, planes, positions, sparse, transform
+from wdelta.encodings import chunk, codec, estimate, planes, positions, sparse, transform
 from wdelta.errors import (
     EncodingInvalidError,
     IndexOutOfRangeError,
@@ -308,6 +308,55 @@ def test_chunk_encode_decode_round_trip(size: int, data: st.DataObject) -> None:
             f["encoding"], kind, payload, target.copy(), m, base.dtype, True, changed
         )
         assert back.tobytes() == base.tobytes()
+
+
+@pytest.mark.parametrize("size", SIZES)
+@given(data=st.data())
+@settings(max_examples=60)
+def test_bitmap_chunk_built_block_by_block_matches_reference(
+    size: int, data: st.DataObject
+) -> None:
+    """Dense-enough chunks build their bitmap payload in blocks: same bytes as the spec's layout."""
+    block = data.draw(st.sampled_from([8, 24, 64, 1 << 18]))
+    m = data.draw(st.integers(1, 700))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    base = rng.integers(0, 256, m * size, dtype=np.uint8).view(word_dtype(size))
+    target = base.copy()
+    changed = rng.random(m) < data.draw(st.sampled_from([0.2, 0.5, 1.0]))
+    target[changed] ^= rng.integers(1, 256, int(changed.sum()), dtype=np.uint8).astype(base.dtype)
+    pos = np.flatnonzero(changed)
+    if len(pos) < m * chunk.BITMAP_DENSITY:
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chunk, "BLOCK_ELEMENTS", block)
+        kind, payload = chunk._sparse_payload(base, target, changed, len(pos))
+    w = 8 * size
+    values = [ref_transform(kind, int(base[i]), int(target[i]), w) for i in pos]
+    assert bytes(payload) == ref_sparse(pos.tolist(), values, size, m, sparse.BITMAP, 0)
+
+
+def test_bitmap_payload_refuses_a_wrong_number_of_values() -> None:
+    mask = np.array([True, False, True, True])
+    short = sparse.BitmapPayload(mask, 3, np.dtype(np.uint16))
+    short.add(np.array([1, 2], np.uint16))
+    with pytest.raises(ValueError):
+        short.finish()
+    with pytest.raises(ValueError):
+        short.add(np.array([3, 4], np.uint16))
+
+
+@given(ps=position_sets(max_m=200_000))
+def test_transform_samples_are_changed_positions(ps: tuple[Any, int]) -> None:
+    """Both samplers return sorted changed positions, about SAMPLE of them, or all."""
+    pos, m = ps
+    mask = np.zeros(m, np.bool_)
+    mask[pos] = True
+    for got in (estimate.sample(pos), estimate.sample_mask(mask, len(pos))):
+        assert np.isin(got, pos).all() and (np.diff(got) > 0).all()
+        if len(got) < len(pos):
+            assert estimate.SAMPLE // 4 <= len(got) <= 4 * estimate.SAMPLE
+        else:
+            assert got.tolist() == pos.tolist()
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -16,12 +16,41 @@ Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 # between xor and sub seen on real steps (2.8 vs 1.9 bits per value), at a
 # quarter of the cost of 65536 (the pick was ~10% of diff time at 30%).
 SAMPLE = 1 << 14
+# The sample is taken as this many evenly spaced runs of neighbouring changed
+# elements: gathering runs touches few cache lines, where a strided sample of
+# a multi-megabyte chunk misses the cache on almost every value (measured:
+# 0.56 against 0.94 ms per 4M-element bf16 chunk at 30% density).
+WINDOWS = 8
 
 
-def sample(items: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """Every ``max(1, len // SAMPLE)``-th item (fewer than 2·SAMPLE items)."""
-    step = max(1, len(items) // SAMPLE)
-    return np.ascontiguousarray(items[::step])
+def _starts(n: int, length: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Starts of WINDOWS evenly spaced windows of ``length`` in ``range(n)``."""
+    return (np.arange(WINDOWS, dtype=np.int64) * (n - length)) // (WINDOWS - 1)
+
+
+def sample(positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """At most SAMPLE of the sorted ``positions``: all of them, or WINDOWS runs."""
+    n, run = len(positions), SAMPLE // WINDOWS
+    if n <= SAMPLE:
+        return positions
+    idx = (_starts(n, run)[:, None] + np.arange(run)).reshape(-1)
+    return positions.take(idx)
+
+
+def sample_mask(mask: np.ndarray[Any, np.dtype[np.bool_]], count: int) -> np.ndarray[Any, Any]:
+    """Positions of changed elements in WINDOWS windows of ``mask`` (``count`` set).
+
+    The windows are sized to hold about SAMPLE changed elements in all, so
+    the sample is of that size at any density; all positions when that would
+    cover the whole mask.
+    """
+    m = len(mask)
+    length = -(-SAMPLE * m // (count * WINDOWS)) if count else m
+    if length * WINDOWS >= m:
+        return np.flatnonzero(mask)
+    return np.concatenate(
+        [np.flatnonzero(mask[a : a + length]) + a for a in _starts(m, length).tolist()]
+    )
 
 
 def entropy_bits(counts: np.ndarray[Any, Any]) -> float:

@@ -25,11 +25,16 @@ def split(words: Words) -> memoryview:
     if s == 1:
         return by_byte.data
     out = np.empty(len(by_byte), dtype=np.uint8)
-    # One strided copy per plane is 1.2-5x faster than transposing the matrix.
-    rows, cols = out.reshape(s, -1), by_byte.reshape(-1, s)
-    for j in range(s):
-        rows[j] = cols[:, j]
+    split_into(words, out.reshape(s, -1))
     return out.data
+
+
+def split_into(words: Words, rows: np.ndarray[Any, np.dtype[np.uint8]]) -> None:
+    """Write byte j of every word into ``rows[j]`` (an s x len(words) byte array)."""
+    cols = np.ascontiguousarray(words).view(np.uint8).reshape(-1, words.dtype.itemsize)
+    # One strided copy per plane is 1.2-5x faster than transposing the matrix.
+    for j in range(words.dtype.itemsize):
+        rows[j] = cols[:, j]
 
 
 def join(data: bytes | memoryview, count: int, word: np.dtype[Any]) -> Words:

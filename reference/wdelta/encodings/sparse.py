@@ -68,11 +68,37 @@ def encode(pos: Positions, values: Words, m: int, plan: PositionPlan) -> bytes:
     return b"".join((head, unary, rem, planes.split(values)))
 
 
-def encode_mask(mask: np.ndarray[Any, np.dtype[np.bool_]], values: Words) -> bytes:
-    """Bitmap payload straight from a changed-element mask (no positions needed)."""
-    head = _HEAD.pack(BITMAP, 0, bytes(6), len(values))
-    bits = np.packbits(mask, bitorder="little")
-    return b"".join((head, bits.data, planes.split(values)))
+class BitmapPayload:
+    """A bitmap payload built from a changed-element mask, values added in order.
+
+    The buffer is sized up front from the mask and the change count, and each
+    batch of values is split straight into its place in the planes, so an
+    encoder can produce values block by block without collecting them first.
+    """
+
+    def __init__(self, mask: np.ndarray[Any, np.dtype[np.bool_]], count: int, word: np.dtype[Any]):
+        bits = (len(mask) + 7) // 8
+        start = _HEAD.size + bits
+        self._buf = np.empty(start + count * word.itemsize, dtype=np.uint8)
+        self._buf[: _HEAD.size] = np.frombuffer(_HEAD.pack(BITMAP, 0, bytes(6), count), np.uint8)
+        self._buf[_HEAD.size : start] = np.packbits(mask, bitorder="little")
+        self._rows = self._buf[start:].reshape(word.itemsize, count)
+        self._count = count
+        self._filled = 0
+
+    def add(self, values: Words) -> None:
+        """Append the values of the next changed elements, in position order."""
+        end = self._filled + len(values)
+        if end > self._count:
+            raise ValueError(f"more than the {self._count} values the bitmap announces")
+        planes.split_into(values, self._rows[:, self._filled : end])
+        self._filled = end
+
+    def finish(self) -> memoryview:
+        """The payload; every announced value must have been added."""
+        if self._filled != self._count:
+            raise ValueError(f"{self._filled} values added, the bitmap announces {self._count}")
+        return self._buf.data
 
 
 def decode(payload: bytes | memoryview, m: int, word: np.dtype[Any]) -> tuple[Positions, Words]:

@@ -41,12 +41,26 @@ def unzigzag(v: Words) -> Words:
     return v
 
 
-def encode(kind: str, base: Words, target: Words) -> Words:
-    """Transformed words v for base and target words of equal length."""
+def difference(kind: str, base: Words, target: Words) -> Words:
+    """``t ^ b`` or ``(t - b) mod 2^w``: the transform before :func:`code`."""
     _check(kind)
     if kind == "xor":
         return np.bitwise_xor(target, base)
-    return zigzag(np.subtract(target, base))
+    return np.subtract(target, base)
+
+
+def code(kind: str, d: Words) -> Words:
+    """Finish :func:`difference` words into stored values, in place (zigzag for ``sub``).
+
+    Done apart so that an encoder can gather the changed words first and
+    zigzag only those.
+    """
+    return zigzag(d) if kind == "sub" else d
+
+
+def encode(kind: str, base: Words, target: Words) -> Words:
+    """Transformed words v for base and target words of equal length."""
+    return code(kind, difference(kind, base, target))
 
 
 def to_target(kind: str, base: Words, v: Words) -> Words:
