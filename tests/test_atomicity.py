@@ -20,6 +20,7 @@ import pytest
 import wdelta
 import wdelta.decoder
 import wdelta.encodings.chunk
+import wdelta.output_file
 import wdelta.prepend
 from kit import (
     RawTensor,
@@ -220,7 +221,6 @@ def test_apply_into_missing_folder(pair: tuple[Path, Path, Path], tmp_path: Path
     assert not (tmp_path / "missing").exists()
 
 
-
 def test_diff_error_while_prepending_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,3 +240,27 @@ def test_diff_error_while_prepending_leaves_nothing(
         wdelta.diff(base, target, tmp_path / "d.wdelta")
     assert info.value.category == "io-error"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.safetensors", "t.safetensors"]
+
+
+@pytest.mark.parametrize("op", ["diff", "apply-file", "apply-folder"])
+def test_failed_background_flush_is_an_io_error(
+    pair: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    """A flush that fails in the background thread is not lost: io-error, nothing left."""
+    base, target, folder = pair
+    single = op == "apply-file"
+    delta = wdelta.diff(base, folder / "target.safetensors" if single else target, folder / "d")
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(wdelta.output_file, "SYNC_BYTES", 1)
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(wdelta.StorageError, match="Input/output error") as info:
+        if op == "diff":
+            wdelta.diff(base, target, tmp_path / "d.wdelta")
+        else:
+            wdelta.apply(base, delta, tmp_path / ("model.safetensors" if single else "model"))
+    assert info.value.category == "io-error"
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wdelta import output_file
+from wdelta.errors import StorageError
 from wdelta.output_file import ALIGN, OutputFile
 
 SIZE = 6 * ALIGN + 3 * output_file.DIRECT_MIN_BYTES + 123
@@ -116,3 +118,59 @@ def test_other_write_errors_propagate(tmp_path: Path, monkeypatch: pytest.Monkey
         out.write(memoryview(bytes(SIZE)), 0)
     out.close()
     os.close(fd)
+
+
+class _FakeSync:
+    """Stands in for os.fdatasync: records calls, may block or fail."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[int] = []
+        self.release = threading.Event()
+        self.release.set()
+        self.fail = fail
+
+    def __call__(self, fd: int) -> None:
+        self.release.wait()
+        self.calls.append(fd)
+        if self.fail:
+            raise OSError(errno.EIO, "Input/output error")
+
+
+def test_background_sync_starts_every_n_bytes_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _FakeSync()
+    monkeypatch.setattr(os, "fdatasync", fake)
+    sync = output_file.BackgroundSync(7, every=100)
+    sync.wrote(99)
+    sync.close()
+    assert fake.calls == []
+    fake.release.clear()
+    sync.wrote(1)  # 100 bytes: a flush starts and blocks
+    sync.wrote(500)  # one is running: no second thread, the bytes stay counted
+    fake.release.set()
+    sync.close()
+    assert fake.calls == [7]
+    sync.wrote(1)  # the 500 skipped bytes are flushed by the next one
+    sync.finish()
+    assert fake.calls == [7, 7]
+
+
+def test_background_sync_failure_raised_by_finish_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "fdatasync", _FakeSync(fail=True))
+    sync = output_file.BackgroundSync(7, every=1)
+    sync.wrote(1)
+    sync.close()  # failure paths must not hide their own error
+    with pytest.raises(StorageError, match="Input/output error"):
+        sync.finish()
+
+
+def test_output_file_flushes_in_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeSync()
+    monkeypatch.setattr(os, "fdatasync", fake)
+    monkeypatch.setattr(output_file, "SYNC_BYTES", 2 * ALIGN)
+    expected, _ = _write_all(
+        tmp_path / "f.bin", [(0, SIZE // 2), (SIZE // 2, SIZE - SIZE // 2)], True
+    )
+    assert (tmp_path / "f.bin").read_bytes() == expected
+    assert len(fake.calls) >= 1

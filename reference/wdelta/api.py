@@ -93,6 +93,7 @@ def _apply_to_files(
             try:
                 sink = decoder.file_sink({path: output}, offsets)
                 decoder.run_steps(delta, ckpt, steps, sink, threads, progress)
+                output.finish()
             finally:
                 output.close()
         return
@@ -105,6 +106,8 @@ def _apply_to_files(
             files[path] = OutputFile(fd)
             stack.callback(files[path].close)
         decoder.run_steps(delta, ckpt, steps, decoder.file_sink(files, offsets), threads, progress)
+        for output in files.values():
+            output.finish()
         (folder / layout.index[0]).write_text(layout.index[1], encoding="utf-8")
 
 

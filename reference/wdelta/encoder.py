@@ -24,12 +24,10 @@ from .encodings import chunk as chunk_codec
 from .errors import BadArgumentError, LimitExceededError
 from .header import FORMAT_VERSION, MAX_CHUNK_ELEMENTS
 from .layout import side_json
-from .output_file import pwrite_all, start_writeback
+from .output_file import BackgroundSync, pwrite_all, start_writeback
 from .pipeline import Aborted, ChunkTask, Sequencer, chunk_tasks, ordered_map
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
-# Blobs are handed to writeback in steps of this many bytes.
-WRITEBACK_BYTES = 32 << 20
 # From this data size on, up to 4 KiB of header padding (0.4% at most) buys
 # not moving the data section (see _prepend).
 INSERT_MIN_DATA_BYTES = 1 << 20
@@ -142,15 +140,17 @@ def _encode(task: _Task, opts: DiffOptions, seq: Sequencer) -> _Done:
 class _BlobWriter:
     """Appends blobs to the data section and fills their offset/checksum.
 
-    Every :data:`WRITEBACK_BYTES` the written range is handed to the kernel's
-    writeback, so that the disk writes while the encoder works and the final
-    fsync finds little left to do.
+    Every :data:`~.output_file.SYNC_BYTES` the new range is handed to the
+    kernel's writeback and a background flush to storage starts, so that the
+    disk writes while the encoder works and the final fsync finds little left
+    to do.  On success call :meth:`finish`; :meth:`close` on every path.
     """
 
     def __init__(self, f: BinaryIO) -> None:
         self.f = f
         self.offset = 0
         self._handed = 0
+        self._sync = BackgroundSync(f.fileno())
 
     def add(self, encoded: chunk_codec.Encoded) -> dict[str, Any]:
         fields = dict(encoded.fields)
@@ -159,15 +159,25 @@ class _BlobWriter:
             fields["offset"] = self.offset
             fields["checksum"] = digest_bytes(encoded.blob)
             self.offset += len(encoded.blob)
-            if self.offset - self._handed >= WRITEBACK_BYTES:
-                self.flush()
+            if self.offset - self._handed >= self._sync.every:
+                self._flush()
         return fields
 
-    def flush(self) -> None:
-        """Write out buffered blobs and start writeback of what is new."""
+    def _flush(self) -> None:
+        """Write out buffered blobs and start writeback and a flush of what is new."""
         self.f.flush()
         start_writeback(self.f.fileno(), self._handed, self.offset - self._handed)
+        self._sync.wrote(self.offset - self._handed)
         self._handed = self.offset
+
+    def finish(self) -> None:
+        """Write out every blob; StorageError if a background flush failed."""
+        self._flush()
+        self._sync.finish()
+
+    def close(self) -> None:
+        """Wait for a background flush (before the file is closed)."""
+        self._sync.close()
 
 
 def _empty_digests(plan: _Plan) -> None:
@@ -259,8 +269,11 @@ def diff_checkpoints(
     with atomic_file(out) as fd:
         with os.fdopen(os.dup(fd), "wb") as data:
             blobs = _BlobWriter(data)
-            _encode_all(plans, opts, blobs, progress)
-            blobs.flush()
+            try:
+                _encode_all(plans, opts, blobs, progress)
+                blobs.finish()
+            finally:
+                blobs.close()
         _prepend(fd, _header_bytes(base, target, plans, opts), blobs.offset)
     return out
 
