@@ -264,3 +264,23 @@ def test_failed_background_flush_is_an_io_error(
     assert info.value.category == "io-error"
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_outputs_follow_the_umask(
+    pair: tuple[Path, Path, Path], tmp_path: Path, umask: int
+) -> None:
+    """Outputs get 0o666 / 0o777 less the umask, like any created file (not mkstemp's 0o600)."""
+    base, target, folder = pair
+    old = os.umask(umask)
+    try:
+        single = wdelta.diff(base, folder / "target.safetensors", tmp_path / "d1.wdelta")
+        sharded = wdelta.diff(base, target, tmp_path / "d2.wdelta")
+        wdelta.apply(base, single, tmp_path / "m.safetensors")
+        wdelta.apply(base, sharded, tmp_path / "m")
+    finally:
+        os.umask(old)
+    files = [tmp_path / "d1.wdelta", tmp_path / "d2.wdelta", tmp_path / "m.safetensors"]
+    files += list((tmp_path / "m").iterdir())
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {oct(0o666 & ~umask)}
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o777 & ~umask

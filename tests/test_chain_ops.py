@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -362,3 +363,18 @@ def test_verify_checks_the_parent_digests(
     rev3 = root / revision_key(3)
     rev3.write_bytes(rev3.read_bytes().replace(b'"step": 2', b'"step": 2, "note": "edited"'))
     expect("manifest-invalid", chain.verify, node(c, tmp_path, "v"))
+
+
+def test_local_store_objects_follow_the_umask(tmp_path: Path) -> None:
+    """A shared folder store: objects get 0o666 less the umask, readable by the fleet's users."""
+    store = chain.LocalStorage(tmp_path / "store")
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"payload")
+    old = os.umask(0o022)
+    try:
+        store.put_file("a/b.wdelta", src)
+        assert store.create("a/manifest-1.json", b"{}")
+    finally:
+        os.umask(old)
+    modes = {p.stat().st_mode & 0o777 for p in (tmp_path / "store" / "a").iterdir()}
+    assert modes == {0o644}

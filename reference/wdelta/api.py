@@ -100,7 +100,7 @@ def _apply_to_files(
     with atomic_folder(out) as folder, contextlib.ExitStack() as stack:
         files: dict[str, OutputFile] = {}
         for path, file_layout in layout.files:
-            fd = os.open(folder / path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(folder / path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
             stack.callback(os.close, fd)
             decoder.init_file(fd, file_layout)
             files[path] = OutputFile(fd)

@@ -10,14 +10,42 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import BadArgumentError, StorageError
 
 TMP_PREFIX = ".wdelta-tmp-"
+_ATTEMPTS = 100
+T = TypeVar("T")
+
+
+def _unique(folder: Path, create: Callable[[Path], T]) -> tuple[T, Path]:
+    """``create(path)`` for a fresh ``TMP_PREFIX`` name in ``folder``; retried on a clash."""
+    for _ in range(_ATTEMPTS):
+        path = folder / f"{TMP_PREFIX}{secrets.token_hex(8)}"
+        with contextlib.suppress(FileExistsError):
+            return create(path), path
+    raise FileExistsError(f"no free temporary name in {folder}")
+
+
+def temp_file(folder: Path) -> tuple[int, Path]:
+    """(fd, path) of a new, empty temporary file in ``folder``.
+
+    Its mode is 0o666 less the umask, as for any file a program creates, so
+    the renamed result is as readable as the user's other files
+    (``tempfile.mkstemp`` would make every output 0o600).
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    return _unique(folder, lambda path: os.open(path, flags, 0o666))
+
+
+def temp_folder(parent: Path) -> Path:
+    """A new, empty temporary folder in ``parent``, mode 0o777 less the umask."""
+    return _unique(parent, lambda path: os.mkdir(path, 0o777))[1]
 
 
 def fsync_dir(folder: Path) -> None:
@@ -35,7 +63,7 @@ def atomic_file(dest: Path) -> Iterator[int]:
         raise BadArgumentError(f"{dest} is a folder; expected a file path")
     folder = dest.parent if str(dest.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=folder)
+        fd, tmp = temp_file(folder)
     except OSError as exc:
         raise StorageError(f"cannot create a file in {folder}: {exc}") from exc
     try:
@@ -60,7 +88,7 @@ def atomic_folder(dest: Path) -> Iterator[Path]:
         raise BadArgumentError(f"{dest} exists and is not an empty folder")
     parent = dest.parent if str(dest.parent) else Path(".")
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent))
+        tmp = temp_folder(parent)
     except OSError as exc:
         raise StorageError(f"cannot create a folder in {parent}: {exc}") from exc
     try:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ...atomic import TMP_PREFIX, fsync_dir
+from ...atomic import TMP_PREFIX, fsync_dir, temp_file
 from ...errors import StorageError, TruncatedError
 from ..errors import NotFoundError
 from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key
@@ -69,11 +68,10 @@ class LocalStorage(Storage):
         dest = self._path(key)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
+            fd, tmp = temp_file(dest.parent)
             os.close(fd)
         except OSError as exc:
             raise StorageError(f"cannot write under {dest.parent}: {exc}") from exc
-        tmp = Path(name)
         try:
             yield tmp, dest
         finally:
