@@ -20,11 +20,10 @@ def split(words: Words) -> memoryview:
     one-byte words), ready to be joined without another copy.
     """
     s = words.dtype.itemsize
-    # 1-D uint8 arrays: their .data is a flat byte view even when empty.
-    by_byte = np.ascontiguousarray(words).view(np.uint8)
     if s == 1:
-        return by_byte.data
-    out = np.empty(len(by_byte), dtype=np.uint8)
+        # 1-D uint8 arrays: their .data is a flat byte view even when empty.
+        return np.ascontiguousarray(words).view(np.uint8).data
+    out = np.empty(len(words) * s, dtype=np.uint8)
     split_into(words, out.reshape(s, -1))
     return out.data
 
