@@ -49,3 +49,14 @@ def test_bench_run_and_stages(tmp_path: Path) -> None:
     assert elements == sum(math.prod(t["shape"]) for t in tensors.values())
     for step in ("BLAKE3", "positions", "values", "zstd", "read"):
         assert step in stages.stdout
+
+
+def test_xor_note_says_measured_only_for_the_whole_stream() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import run as bench_run
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    z19 = {"input_bytes": 1_000_000 - 448, "seconds": 1.0, "stream_bytes": 1_000_000}
+    assert "is measured" in bench_run._xor_note(z19, 64)
+    assert "is an estimate: 64 MiB" in bench_run._xor_note({**z19, "input_bytes": 500_000}, 64)
