@@ -78,6 +78,17 @@ class Slot:
         """The tensor's bytes without a copy, when it is contiguous in host memory."""
         return None
 
+    def storage_key(self) -> tuple[Any, ...]:
+        """Equal for two slots over the same memory with the same layout (tied weights)."""
+        raise NotImplementedError
+
+    def invalidate(self) -> None:
+        """Forget any host copy made by ``read`` (the tensor was written meanwhile)."""
+
+    @property
+    def writable(self) -> bool:
+        return True
+
 
 class NumpySlot(Slot):
     """A NumPy array (native little-endian) viewed as words."""
@@ -96,9 +107,11 @@ class NumpySlot(Slot):
         out: Words = self._words.flat[start : start + count]
         return out
 
+    @property
+    def writable(self) -> bool:
+        return bool(self._words.flags.writeable)
+
     def write(self, start: int, words: Words) -> None:
-        if not self._words.flags.writeable:
-            raise BadArgumentError(f"tensor {self.name!r} is read-only")
         if self._flat is not None:
             self._flat[start : start + len(words)] = words
         else:
@@ -106,6 +119,10 @@ class NumpySlot(Slot):
 
     def whole(self) -> memoryview | None:
         return None if self._flat is None else self._flat.data.cast("B")
+
+    def storage_key(self) -> tuple[Any, ...]:
+        pointer = self._words.__array_interface__["data"][0]
+        return ("numpy", pointer, self._words.shape, self._words.strides, self.dtype)
 
 
 class TorchSlot(Slot):
@@ -162,6 +179,14 @@ class TorchSlot(Slot):
             return None
         words: np.ndarray[Any, Any] = self._flat.numpy()
         return words.data.cast("B")
+
+    def storage_key(self) -> tuple[Any, ...]:
+        w = self._words
+        return ("torch", str(w.device), w.data_ptr(), tuple(w.shape), w.stride(), self.dtype)
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._cached = None
 
 
 def _numpy_signed(size: int) -> np.dtype[Any]:
