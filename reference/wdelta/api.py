@@ -16,19 +16,19 @@ from typing import Any, TypeVar, Union, cast
 
 import numpy as np
 
-from . import decoder
+from . import decoder, tensors
 from .arguments import PathLike, as_path, check_int, check_optional_int, is_path
 from .atomic import atomic_file, atomic_folder
-from .checkpoint.source import Checkpoint, from_arrays, open_checkpoint
+from .checkpoint.source import Checkpoint, open_checkpoint
 from .container import DeltaFile, open_delta
-from .dtypes import to_numpy
 from .encoder import DiffOptions, Progress, diff_checkpoints
 from .errors import BadArgumentError, StorageError
 from .header import MAX_CHUNK_ELEMENTS
 from .layout import SideLayout
 from .output_file import OutputFile
 
-CheckpointLike = Union[PathLike, Mapping[str, "np.ndarray[Any, Any]"], Checkpoint]  # noqa: UP007
+# Mappings hold NumPy arrays (bf16/fp8 as ml_dtypes) and/or torch tensors.
+CheckpointLike = Union[PathLike, Mapping[str, Any], Checkpoint]  # noqa: UP007
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,12 +51,12 @@ def _storage_errors(func: F) -> F:
 def _checkpoint(source: CheckpointLike, what: str) -> Iterator[Checkpoint]:
     """``source`` as a Checkpoint; ``what`` names the argument in errors.
 
-    A mapping's values are converted by ``checkpoint.source.from_arrays``.
+    A mapping (NumPy arrays and/or torch tensors) goes through ``tensors.checkpoint_of``.
     """
     if isinstance(source, Checkpoint):
         yield source
     elif isinstance(source, Mapping):
-        yield from_arrays(source)
+        yield tensors.checkpoint_of(source)
     elif is_path(source):
         with open_checkpoint(as_path(source, what)) as ckpt:
             yield ckpt
@@ -132,8 +132,8 @@ def _apply_to_files(
 
 def _apply_to_arrays(
     delta: DeltaFile, ckpt: Checkpoint, steps: list[decoder.Step], threads: int,
-    progress: Progress | None,
-) -> dict[str, np.ndarray[Any, Any]]:  # fmt: skip
+    progress: Progress | None, device: Any,
+) -> dict[str, Any]:  # fmt: skip
     outputs = {
         s.entry.name: np.empty(s.entry.elements, dtype=s.entry.dtype.word)
         for s in steps if s.dst_digest is not None
@@ -147,7 +147,7 @@ def _apply_to_arrays(
     decoder.run_steps(delta, ckpt, steps, sink, threads, progress)
     shapes = {s.entry.name: s.entry for s in steps if s.dst_digest is not None}
     return {
-        name: words.view(to_numpy(shapes[name].dtype)).reshape(shapes[name].shape)
+        name: tensors.present(words, shapes[name].dtype, shapes[name].shape, device)
         for name, words in outputs.items()
     }
 
@@ -156,13 +156,14 @@ def _apply_to_arrays(
 def apply(
     base: CheckpointLike, delta: PathLike, out: PathLike | None = None, *,
     reverse: bool = False, threads: int = 2, progress: Progress | None = None,
-) -> Path | dict[str, np.ndarray[Any, Any]]:  # fmt: skip
+) -> Path | dict[str, Any]:  # fmt: skip
     """Apply ``delta`` to ``base`` (or, with ``reverse``, undo it on the target).
 
     With ``out`` the result is written atomically (a file, or a folder for a
     sharded checkpoint) and its path returned; without, the tensors are
-    returned as arrays.  Every digest is verified; on any failure nothing is
-    written at ``out``.
+    returned: torch tensors (on the base tensors' device) when ``base`` is a
+    mapping holding torch tensors, else NumPy arrays (ml_dtypes for bf16/fp8).
+    Every digest is verified; on any failure nothing is written at ``out``.
     """
     threads = _check_options(threads, progress)
     path = None if out is None else as_path(out, "out")
@@ -170,7 +171,8 @@ def apply(
         steps = decoder.plan_steps(d.header, reverse)
         decoder.check_input(d.header, ckpt, reverse)
         if path is None:
-            return _apply_to_arrays(d, ckpt, steps, threads, progress)
+            device = tensors.torch_device(base)
+            return _apply_to_arrays(d, ckpt, steps, threads, progress, device)
         _apply_to_files(d, ckpt, steps, path, threads, progress, reverse)
         return path
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,8 @@ class Tensor:
     _fd: int | None = None
     _offset: int = 0
     _array: np.ndarray[Any, Any] | None = None
+    # Live tensors (wdelta.tensors) read through their slot, chunk by chunk.
+    _reader: Callable[[int, int], Words] | None = None
 
     @property
     def elements(self) -> int:
@@ -54,6 +56,8 @@ class Tensor:
 
     def read(self, start: int, count: int) -> Words:
         """Words ``[start, start + count)`` as a new little-endian unsigned array."""
+        if self._reader is not None:
+            return self._reader(start, count)
         if self._array is not None:
             return np.array(self._array[start : start + count])
         out = np.empty(count, dtype=self.dtype.word)
