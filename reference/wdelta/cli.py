@@ -62,8 +62,13 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             progress=progress,
         )  # fmt: skip
     if not args.quiet:
-        with open_delta(args.output) as d:
-            s = summarize(d)
+        try:
+            with open_delta(args.output) as d:
+                s = summarize(d)
+        except WdeltaError:
+            # A command that reports an error leaves no output (SPEC.md §10.5).
+            os.unlink(args.output)
+            raise
         print(f"wrote {args.output}: {s.file_bytes} bytes, {s.ratio:.4%} of the target")
     return 0
 

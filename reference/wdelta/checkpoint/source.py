@@ -23,11 +23,24 @@ from ..dtypes import DType, from_numpy
 from ..errors import BadArgumentError, CheckpointInvalidError, StorageError, TruncatedError
 from .safetensors_header import MAX_HEADER_BYTES, FileLayout, build_header, parse_header
 
-# File names a delta can record (SPEC.md §4.9): no paths, no leading dot.
-SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors$")
-INDEX_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors\.index\.json$")
+# File names a delta can record (SPEC.md §4.9): no paths, no leading dot, at
+# most 255 characters.  Always used with ``fullmatch``: Python's ``$`` would
+# also match before a final line feed, which the format's patterns exclude.
+SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors")
+INDEX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors\.index\.json")
+MAX_NAME_LENGTH = 255
 SINGLE_FILE_NAME = "model.safetensors"
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
+
+
+def is_shard_name(name: str) -> bool:
+    """True if a delta can record ``name`` as a safetensors file name (§4.9)."""
+    return len(name) <= MAX_NAME_LENGTH and SHARD_NAME.fullmatch(name) is not None
+
+
+def is_index_name(name: str) -> bool:
+    """True if a delta can record ``name`` as an index file name (§4.9)."""
+    return len(name) <= MAX_NAME_LENGTH and INDEX_NAME.fullmatch(name) is not None
 
 
 @dataclass
@@ -155,7 +168,7 @@ def _find_index(folder: Path) -> Path | None:
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
         raise CheckpointInvalidError(f"{folder}: more than one *.safetensors.index.json")
-    if indexes and not INDEX_NAME.match(indexes[0].name):
+    if indexes and not is_index_name(indexes[0].name):
         raise CheckpointInvalidError(f"{indexes[0]}: index file name is not portable")
     return indexes[0] if indexes else None
 
@@ -169,7 +182,7 @@ def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
     text = data.decode("utf-8")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(
-        isinstance(v, str) and SHARD_NAME.match(v) for v in weight_map.values()
+        isinstance(v, str) and is_shard_name(v) for v in weight_map.values()
     ):
         raise CheckpointInvalidError(f"{index_path}: weight_map must map names to shard files")
     ckpt.index = (index_path.name, text)
@@ -185,7 +198,7 @@ def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
 
 def recorded_name(path: Path) -> str:
     """The name a single-file checkpoint is recorded under in a delta."""
-    return path.name if SHARD_NAME.match(path.name) else SINGLE_FILE_NAME
+    return path.name if is_shard_name(path.name) else SINGLE_FILE_NAME
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
