@@ -235,3 +235,11 @@ def test_missing_optional_package_through_the_api(blocked: dict[str, str]) -> No
                          env=blocked, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("unsupported-feature: s3:// storage needs")
+
+
+def test_conformance_load_takes_str_and_refuses_none() -> None:
+    from wdelta import conformance
+
+    root = conformance.default_vectors()
+    assert conformance.load(str(root), check_files=False).cases
+    expect_bad_argument(conformance.load, None)

@@ -223,3 +223,12 @@ def test_sniff_kinds(head: bytes, name: str, kind: str) -> None:
 def test_a_delta_made_by_diff_is_sniffed_as_one(folder: Path) -> None:
     head = (folder / "d.wdelta").read_bytes()[: filekind.SNIFF_BYTES]
     assert filekind.sniff(head, (folder / "d.wdelta").stat().st_size) == filekind.WDELTA
+
+
+def test_a_file_where_a_folder_goes(folder: Path) -> None:
+    result = run("chain", "log", folder / "base.safetensors")
+    assert_error(result, "not-found")
+    assert "base.safetensors: no chain here (is a file, not a chain folder)" in result.stderr
+    result = run("conformance", "run", "--vectors", folder / "base.safetensors")
+    assert_error(result, "bad-argument")
+    assert "base.safetensors is a file; the vectors are the folder" in result.stderr
