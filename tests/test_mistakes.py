@@ -232,3 +232,24 @@ def test_a_file_where_a_folder_goes(folder: Path) -> None:
     result = run("conformance", "run", "--vectors", folder / "base.safetensors")
     assert_error(result, "bad-argument")
     assert "base.safetensors is a file; the vectors are the folder" in result.stderr
+
+
+def test_a_partial_pull_names_the_stored_delta(tmp_path: Path) -> None:
+    from chainkit import Trainer
+    from wdelta import chain
+
+    t = Trainer(rows=8, cols=64)
+    store = tmp_path / "store"
+    chain.init(store, t.save(tmp_path / "v0.safetensors"))
+    t.step(1)
+    chain.append(store, t.save(tmp_path / "v1.safetensors"), tmp_path / "v0.safetensors")
+    (stored,) = (store / "deltas").iterdir()
+    data = bytearray(stored.read_bytes())
+    data[1] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    local = tmp_path / "node.safetensors"
+    chain.pull(store, local, to=0, tensors="layer1.*")
+    with pytest.raises(WdeltaError) as info:
+        chain.pull(store, local, tensors="layer1.*")
+    assert info.value.category == "bad-magic"
+    assert f"deltas/{stored.name}" in str(info.value)
