@@ -273,3 +273,13 @@ def test_diff_options_are_used_or_refused(
         assert not out.exists()
     else:
         assert wdelta.apply(ARRAYS, out)["w"].tobytes() == ARRAYS["w"].tobytes()
+
+
+def test_a_chain_without_cache_says_how_to_give_one(files: tuple[Path, Path, Path]) -> None:
+    base, _, _ = files
+    store = base.parent / "store"
+    chain.init(store, base)
+    with pytest.raises(WdeltaError) as info:
+        chain.verify(str(store))
+    assert info.value.category == "io-error"
+    assert "cache=FOLDER" in str(info.value)

@@ -154,7 +154,9 @@ class Chain:
     ) -> Path:  # fmt: skip
         """A verified local copy of ``key`` (from the cache, else downloaded into it)."""
         if self.cache is None:
-            raise StorageError("a cache folder is needed to download files")
+            raise StorageError(
+                "a cache folder is needed to download files: chain.Chain(LOCATION, cache=FOLDER)"
+            )
         done = self.cached_path(digest)
         if done is not None:
             return done
