@@ -22,7 +22,16 @@ from .atomic import atomic_file, atomic_folder
 from .checkpoint.source import Checkpoint, open_checkpoint
 from .container import DeltaFile, open_delta
 from .encoder import DiffOptions, Progress, diff_checkpoints
-from .errors import BadArgumentError, StorageError
+from .errors import (
+    BadArgumentError,
+    BaseMismatchError,
+    DeltaFormatError,
+    LimitExceededError,
+    NotReversibleError,
+    StorageError,
+    UnsupportedFeatureError,
+)
+from .filekind import naming
 from .header import MAX_CHUNK_ELEMENTS
 from .layout import SideLayout
 from .output_file import OutputFile
@@ -65,6 +74,19 @@ def _checkpoint(source: CheckpointLike, what: str) -> Iterator[Checkpoint]:
             f"{what} must be a checkpoint path, a mapping of tensor names to arrays or a "
             f"Checkpoint, not {type(source).__name__}"
         )
+
+
+@contextlib.contextmanager
+def _naming_inputs(delta: Path, base: object) -> Iterator[None]:
+    """Name the file each error of apply or verify is about: the base or the delta."""
+    about_delta = (DeltaFormatError, NotReversibleError, UnsupportedFeatureError,
+                   LimitExceededError)  # fmt: skip
+    with naming(delta, *about_delta):
+        if not is_path(base):
+            yield
+            return
+        with naming(as_path(base, "base"), BaseMismatchError, subject="input"):
+            yield
 
 
 def _check_options(threads: object, progress: object) -> int:
@@ -167,7 +189,12 @@ def apply(
     """
     threads = _check_options(threads, progress)
     path = None if out is None else as_path(out, "out")
-    with open_delta(as_path(delta, "delta")) as d, _checkpoint(base, "base") as ckpt:
+    delta_path = as_path(delta, "delta")
+    with (
+        open_delta(delta_path) as d,
+        _checkpoint(base, "base") as ckpt,
+        _naming_inputs(delta_path, base),
+    ):
         steps = decoder.plan_steps(d.header, reverse)
         decoder.check_input(d.header, ckpt, reverse)
         if path is None:
@@ -188,7 +215,8 @@ def verify(
     With a base the full apply runs without writing, so every digest is checked.
     """
     threads = _check_options(threads, progress)
-    with open_delta(as_path(delta, "delta")) as d:
+    delta_path = as_path(delta, "delta")
+    with open_delta(delta_path) as d, _naming_inputs(delta_path, base):
         if base is None:
             decoder.check_blobs(d, threads, progress)
             return

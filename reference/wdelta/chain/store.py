@@ -28,7 +28,7 @@ from ..atomic import TMP_PREFIX
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError
 from .errors import ConflictError, ManifestInvalidError, NotFoundError
 from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
-from .storage import open_storage
+from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
 
 PUBLISH_ATTEMPTS = 50
@@ -73,7 +73,9 @@ class Chain:
         """The highest manifest revision; NotFoundError if the chain has none."""
         revisions = self.revisions()
         if not revisions:
-            raise NotFoundError(f"{self.storage.url}: no chain here (no manifest revision)")
+            local = isinstance(self.storage, LocalStorage) and self.storage.root.is_file()
+            why = "is a file, not a chain folder" if local else "no manifest revision"
+            raise NotFoundError(f"{self.storage.url}: no chain here ({why})")
         if revisions[-1] < self.seen_revision:
             raise ManifestInvalidError(
                 f"head revision {revisions[-1]} is older than revision {self.seen_revision} "
@@ -152,7 +154,9 @@ class Chain:
     ) -> Path:  # fmt: skip
         """A verified local copy of ``key`` (from the cache, else downloaded into it)."""
         if self.cache is None:
-            raise StorageError("a cache folder is needed to download files")
+            raise StorageError(
+                "a cache folder is needed to download files: chain.Chain(LOCATION, cache=FOLDER)"
+            )
         done = self.cached_path(digest)
         if done is not None:
             return done

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import strictjson
+from .. import filekind, strictjson
 from ..arguments import as_path, check_str_mapping
 from ..dtypes import DType, from_numpy
 from ..errors import BadArgumentError, CheckpointInvalidError, StorageError, TruncatedError
@@ -130,9 +130,12 @@ def _open_fd(path: Path) -> int:
 
 def read_file_layout(fd: int, path: Path) -> FileLayout:
     """Parse and validate the safetensors header of an open file, and its length."""
+    mistake = filekind.not_a_checkpoint(path, filekind.sniff_fd(fd, path))
+    if mistake is not None:
+        raise CheckpointInvalidError(mistake)
     size = os.fstat(fd).st_size
     if size < 8:
-        raise CheckpointInvalidError(f"{path}: too short for a safetensors file")
+        raise CheckpointInvalidError(f"{path}: {size} bytes, too short for a safetensors file")
     prefix = bytearray(8)
     pread_into(fd, memoryview(prefix), 0)
     n = int.from_bytes(prefix, "little")
@@ -201,26 +204,39 @@ def recorded_name(path: Path) -> str:
     return path.name if is_shard_name(path.name) else SINGLE_FILE_NAME
 
 
+def _open_folder(folder: Path, ckpt: Checkpoint) -> None:
+    index_path = _find_index(folder)
+    if index_path is not None:
+        _open_sharded(folder, index_path, ckpt)
+        return
+    files = sorted(folder.glob("*.safetensors"))
+    if len(files) != 1:
+        found = f"{len(files)} .safetensors files" if files else "no .safetensors file"
+        raise CheckpointInvalidError(
+            f"{folder} is a folder with {found} and no *.safetensors.index.json: a checkpoint "
+            "folder holds one .safetensors file, or shards and their index"
+        )
+    _add_file(ckpt, files[0], recorded_name(files[0]))
+
+
+def _open_path(p: Path, ckpt: Checkpoint) -> None:
+    if p.is_dir():
+        _open_folder(p, ckpt)
+    elif p.is_file():
+        _add_file(ckpt, p, recorded_name(p))
+    elif p.exists():
+        raise CheckpointInvalidError(f"{p} is not a regular file or a folder")
+    else:
+        raise StorageError(f"{p}: no such file or folder")
+
+
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Open a ``.safetensors`` file or a folder holding a (sharded) checkpoint."""
     p = as_path(path, "checkpoint")
     ckpt = Checkpoint({}, {})
     try:
-        if p.is_dir():
-            index_path = _find_index(p)
-            if index_path is not None:
-                _open_sharded(p, index_path, ckpt)
-            else:
-                files = sorted(p.glob("*.safetensors"))
-                if len(files) != 1:
-                    raise CheckpointInvalidError(
-                        f"{p}: a folder needs an index file or exactly one .safetensors file"
-                    )
-                _add_file(ckpt, files[0], recorded_name(files[0]))
-        elif p.exists():
-            _add_file(ckpt, p, recorded_name(p))
-        else:
-            raise StorageError(f"{p}: no such file or folder")
+        with filekind.naming(p, CheckpointInvalidError):
+            _open_path(p, ckpt)
     except BaseException:
         ckpt.close()
         raise
