@@ -20,6 +20,7 @@ from . import decoder
 from .atomic import atomic_file, atomic_folder
 from .checkpoint.source import Checkpoint, from_arrays, open_checkpoint
 from .container import DeltaFile, open_delta
+from .destination import check_output
 from .dtypes import to_numpy
 from .encoder import DiffOptions, Progress, diff_checkpoints
 from .errors import BadArgumentError, StorageError
@@ -46,6 +47,11 @@ def _storage_errors(func: F) -> F:
     return cast(F, wrapper)
 
 
+def _paths(*sources: object) -> list[Path]:
+    """The sources given as paths (not arrays or open checkpoints)."""
+    return [Path(s) for s in sources if isinstance(s, (str, os.PathLike))]
+
+
 @contextlib.contextmanager
 def _checkpoint(source: CheckpointLike) -> Iterator[Checkpoint]:
     if isinstance(source, Checkpoint):
@@ -61,9 +67,12 @@ def _checkpoint(source: CheckpointLike) -> Iterator[Checkpoint]:
 def diff(
     base: CheckpointLike, target: CheckpointLike, out: PathLike, *,
     level: int | None = None, threads: int = 2, chunk_elements: int | None = None,
-    reversible: bool = True, progress: Progress | None = None,
+    reversible: bool = True, progress: Progress | None = None, overwrite: bool = False,
 ) -> Path:  # fmt: skip
     """Encode the delta from ``base`` to ``target`` into the file ``out``.
+
+    ``out`` must not be an input (nor a link to one) and must not exist
+    unless ``overwrite`` (BadArgumentError, before anything is read).
 
     ``level`` is the zstd level of every blob; None uses the encoder's own
     policy (level 3 below 64 KiB, zstd's fast strategy tuned for delta
@@ -71,8 +80,9 @@ def diff(
     """
     chunks = DiffOptions.chunk_elements if chunk_elements is None else chunk_elements
     opts = DiffOptions(level, threads, chunks, reversible)
+    check_output(Path(out), _paths(base, target), overwrite=overwrite)
     with _checkpoint(base) as b, _checkpoint(target) as t:
-        return diff_checkpoints(b, t, Path(out), opts, progress)
+        return diff_checkpoints(b, t, Path(out), opts, progress, overwrite=overwrite)
 
 
 def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
@@ -81,13 +91,13 @@ def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
 
 def _apply_to_files(
     delta: DeltaFile, ckpt: Checkpoint, steps: list[decoder.Step], out: Path,
-    threads: int, progress: Progress | None, reverse: bool,
+    threads: int, progress: Progress | None, reverse: bool, overwrite: bool,
 ) -> None:  # fmt: skip
     layout = _output_layout(delta, reverse)
     offsets = decoder.output_tensor_offsets(layout.files)
     if layout.index is None:
         ((path, file_layout),) = layout.files
-        with atomic_file(out) as fd:
+        with atomic_file(out, overwrite=overwrite) as fd:
             decoder.init_file(fd, file_layout)
             output = OutputFile(fd)
             try:
@@ -97,7 +107,7 @@ def _apply_to_files(
             finally:
                 output.close()
         return
-    with atomic_folder(out) as folder, contextlib.ExitStack() as stack:
+    with atomic_folder(out, overwrite=overwrite) as folder, contextlib.ExitStack() as stack:
         files: dict[str, OutputFile] = {}
         for path, file_layout in layout.files:
             fd = os.open(folder / path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
@@ -137,22 +147,27 @@ def _apply_to_arrays(
 def apply(
     base: CheckpointLike, delta: PathLike, out: PathLike | None = None, *,
     reverse: bool = False, threads: int = 2, progress: Progress | None = None,
+    overwrite: bool = False,
 ) -> Path | dict[str, np.ndarray[Any, Any]]:  # fmt: skip
     """Apply ``delta`` to ``base`` (or, with ``reverse``, undo it on the target).
 
     With ``out`` the result is written atomically (a file, or a folder for a
     sharded checkpoint) and its path returned; without, the tensors are
     returned as arrays.  Every digest is verified; on any failure nothing is
-    written at ``out``.
+    written at ``out``.  ``out`` must not be an input (nor a link to one, nor
+    inside an input folder) and must not exist unless ``overwrite``
+    (BadArgumentError, before anything is read).
     """
     if threads < 1:
         raise BadArgumentError("threads must be >= 1")
+    if out is not None:
+        check_output(Path(out), _paths(base, delta), overwrite=overwrite)
     with open_delta(delta) as d, _checkpoint(base) as ckpt:
         steps = decoder.plan_steps(d.header, reverse)
         decoder.check_input(d.header, ckpt, reverse)
         if out is None:
             return _apply_to_arrays(d, ckpt, steps, threads, progress)
-        _apply_to_files(d, ckpt, steps, Path(out), threads, progress, reverse)
+        _apply_to_files(d, ckpt, steps, Path(out), threads, progress, reverse, overwrite)
         return Path(out)
 
 

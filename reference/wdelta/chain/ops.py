@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import api
+from ..atomic import temp_dir
 from ..container import open_delta
 from ..digest import digest_bytes, file_sha256
 from ..errors import BaseMismatchError
@@ -86,7 +87,7 @@ def append(
     uploaded and verified before the manifest revision that names it exists.
     """
     m = chain.head()
-    with tempfile.TemporaryDirectory(prefix="wdelta-append-") as tmp:
+    with temp_dir(Path(tempfile.gettempdir()), "append") as tmp:
         out = Path(tmp) / "link.wdelta"
         api.diff(base, checkpoint, out, level=options.level, threads=options.threads,
                  chunk_elements=options.chunk_elements)  # fmt: skip
@@ -150,7 +151,7 @@ def verify(chain: Chain, *, deep: bool = False, progress: Progress | None = None
         previous = (r, data)
     for link in m.links:
         api.verify(fetch_link(chain, m, link, progress))
-    with tempfile.TemporaryDirectory(prefix="wdelta-verify-", dir=chain.scratch()) as tmp:
+    with temp_dir(chain.scratch(), "verify") as tmp:
         for snap in m.snapshots:
             materialize_snapshot(chain, m, snap, Path(tmp) / f"v{snap.version}", progress)
         if deep:

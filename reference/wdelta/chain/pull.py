@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import api
-from ..atomic import TMP_PREFIX
+from ..atomic import temp_name
+from ..destination import check_kind, overlaps
 from ..errors import BadArgumentError
 from . import graph, partial
 from .errors import ChainBrokenError, NotFoundError
@@ -27,6 +28,7 @@ from .fetch import check_link_header, fetch_link, materialize_snapshot
 from .local import digest_of_path, partial_marker, replace_checkpoint
 from .manifest import Manifest, Version
 from .storage.base import Progress
+from .storage.local import LocalStorage
 from .store import Chain
 
 _REPLANS = 3
@@ -62,6 +64,21 @@ def local_version(m: Manifest, local: Path, tensors: str | None, assume: str | N
     return found
 
 
+def check_local(chain: Chain, local: Path) -> None:
+    """Refuse a node path that pulling would break (BadArgumentError): ``-``, a
+    device or FIFO, a path inside the chain's own folder (or holding it).
+
+    An existing ``local`` is the pull's input as well as its output: it is
+    replaced only by a newer (or named) version of the same chain.
+    """
+    check_kind(local)
+    if isinstance(chain.storage, LocalStorage) and overlaps(local, chain.storage.root):
+        raise BadArgumentError(
+            f"{local} overlaps the chain folder {chain.storage.root}: pulling there would "
+            "overwrite the chain's files; choose a local path outside it"
+        )
+
+
 @dataclass
 class _Puller:
     chain: Chain
@@ -95,18 +112,19 @@ class _Puller:
         if hop.snapshot is not None:
             if self.tensors is None:
                 return materialize_snapshot(self.chain, self.m, hop.snapshot, out, self.count)
-            full = work_dir(self.local) / f"{TMP_PREFIX}snapshot"
-            shutil.rmtree(full, ignore_errors=True) if full.is_dir() else full.unlink(
-                missing_ok=True
-            )
-            materialize_snapshot(self.chain, self.m, hop.snapshot, full, self.count)
-            partial.extract(full, self.tensors, self.m.version(hop.version).digest, out)
-            shutil.rmtree(full) if full.is_dir() else full.unlink()
+            full = work_dir(self.local) / temp_name("snapshot")
+            try:
+                materialize_snapshot(self.chain, self.m, hop.snapshot, full, self.count)
+                partial.extract(full, self.tensors, self.m.version(hop.version).digest, out)
+            finally:
+                _discard(full)
             return out
         assert hop.link is not None and current is not None
         if self.tensors is None:
             delta = fetch_link(self.chain, self.m, hop.link, self.count)
-            api.apply(current, delta, out, reverse=hop.reverse, threads=self.threads)
+            api.apply(
+                current, delta, out, reverse=hop.reverse, threads=self.threads, overwrite=True
+            )
             return out
         header, data_start = partial.read_remote_header(self.chain.storage, hop.link, self.count)
         check_link_header(self.m, hop.link, header)
@@ -160,6 +178,7 @@ def pull(
     """
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
+    check_local(chain, local)
     for attempt in range(_REPLANS):
         m = chain.head()
         p = _Puller(chain, m, local, tensors, progress, threads)
