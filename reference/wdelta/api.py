@@ -21,6 +21,7 @@ from .arguments import PathLike, as_path, check_int, check_optional_int, is_path
 from .atomic import atomic_file, atomic_folder
 from .checkpoint.source import Checkpoint, open_checkpoint
 from .container import DeltaFile, open_delta
+from .destination import check_output
 from .encoder import DiffOptions, Progress, diff_checkpoints
 from .errors import (
     BadArgumentError,
@@ -54,6 +55,11 @@ def _storage_errors(func: F) -> F:
             raise StorageError(str(exc)) from exc
 
     return cast(F, wrapper)
+
+
+def _paths(*sources: object) -> list[Path]:
+    """The sources given as paths (not arrays or open checkpoints)."""
+    return [Path(s) for s in sources if isinstance(s, (str, os.PathLike))]
 
 
 @contextlib.contextmanager
@@ -99,9 +105,12 @@ def _check_options(threads: object, progress: object) -> int:
 def diff(
     base: CheckpointLike, target: CheckpointLike, out: PathLike, *,
     level: int | None = None, threads: int = 2, chunk_elements: int | None = None,
-    reversible: bool = True, progress: Progress | None = None,
+    reversible: bool = True, progress: Progress | None = None, overwrite: bool = False,
 ) -> Path:  # fmt: skip
     """Encode the delta from ``base`` to ``target`` into the file ``out``.
+
+    ``out`` must not be an input (nor a link to one) and must not exist
+    unless ``overwrite`` (BadArgumentError, before anything is read).
 
     ``level`` is the zstd level of every blob; None uses the encoder's own
     policy (level 3 below 64 KiB, zstd's fast strategy tuned for delta
@@ -112,8 +121,9 @@ def diff(
     chunks = check_optional_int(chunk_elements, "chunk_elements", 1, MAX_CHUNK_ELEMENTS)
     threads = _check_options(threads, progress)
     opts = DiffOptions(level, threads, chunks or DiffOptions.chunk_elements, bool(reversible))
+    check_output(path, _paths(base, target), overwrite=overwrite)
     with _checkpoint(base, "base") as b, _checkpoint(target, "target") as t:
-        return diff_checkpoints(b, t, path, opts, progress)
+        return diff_checkpoints(b, t, path, opts, progress, overwrite=overwrite)
 
 
 def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
@@ -122,13 +132,13 @@ def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
 
 def _apply_to_files(
     delta: DeltaFile, ckpt: Checkpoint, steps: list[decoder.Step], out: Path,
-    threads: int, progress: Progress | None, reverse: bool,
+    threads: int, progress: Progress | None, reverse: bool, overwrite: bool,
 ) -> None:  # fmt: skip
     layout = _output_layout(delta, reverse)
     offsets = decoder.output_tensor_offsets(layout.files)
     if layout.index is None:
         ((path, file_layout),) = layout.files
-        with atomic_file(out) as fd:
+        with atomic_file(out, overwrite=overwrite) as fd:
             decoder.init_file(fd, file_layout)
             output = OutputFile(fd)
             try:
@@ -138,7 +148,7 @@ def _apply_to_files(
             finally:
                 output.close()
         return
-    with atomic_folder(out) as folder, contextlib.ExitStack() as stack:
+    with atomic_folder(out, overwrite=overwrite) as folder, contextlib.ExitStack() as stack:
         files: dict[str, OutputFile] = {}
         for path, file_layout in layout.files:
             fd = os.open(folder / path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
@@ -178,6 +188,7 @@ def _apply_to_arrays(
 def apply(
     base: CheckpointLike, delta: PathLike, out: PathLike | None = None, *,
     reverse: bool = False, threads: int = 2, progress: Progress | None = None,
+    overwrite: bool = False,
 ) -> Path | dict[str, Any]:  # fmt: skip
     """Apply ``delta`` to ``base`` (or, with ``reverse``, undo it on the target).
 
@@ -186,10 +197,15 @@ def apply(
     returned: torch tensors (on the base tensors' device) when ``base`` is a
     mapping holding torch tensors, else NumPy arrays (ml_dtypes for bf16/fp8).
     Every digest is verified; on any failure nothing is written at ``out``.
+    ``out`` must not be an input (nor a link to one, nor inside an input
+    folder) and must not exist unless ``overwrite`` (BadArgumentError, before
+    anything is read).
     """
     threads = _check_options(threads, progress)
     path = None if out is None else as_path(out, "out")
     delta_path = as_path(delta, "delta")
+    if path is not None:
+        check_output(path, _paths(base, delta_path), overwrite=overwrite)
     with (
         open_delta(delta_path) as d,
         _checkpoint(base, "base") as ckpt,
@@ -200,7 +216,7 @@ def apply(
         if path is None:
             device = tensors.torch_device(base)
             return _apply_to_arrays(d, ckpt, steps, threads, progress, device)
-        _apply_to_files(d, ckpt, steps, path, threads, progress, reverse)
+        _apply_to_files(d, ckpt, steps, path, threads, progress, reverse, overwrite)
         return path
 
 

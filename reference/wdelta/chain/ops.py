@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import api
 from ..arguments import PathLike, as_path, check_optional_int, check_str_mapping
+from ..atomic import temp_dir
 from ..container import open_delta
 from ..digest import digest_bytes, file_sha256
 from ..errors import BadArgumentError, BaseMismatchError
@@ -97,7 +98,7 @@ def append(
     chain = as_chain(chain)
     checkpoint, base = as_path(checkpoint, "checkpoint"), as_path(base, "base")
     m = chain.head()
-    with tempfile.TemporaryDirectory(prefix="wdelta-append-") as tmp:
+    with temp_dir(Path(tempfile.gettempdir()), "append") as tmp:
         out = Path(tmp) / "link.wdelta"
         api.diff(base, checkpoint, out, level=options.level, threads=options.threads,
                  chunk_elements=options.chunk_elements)  # fmt: skip
@@ -166,7 +167,7 @@ def verify(
         previous = (r, data)
     for link in m.links:
         api.verify(fetch_link(chain, m, link, progress))
-    with tempfile.TemporaryDirectory(prefix="wdelta-verify-", dir=chain.scratch()) as tmp:
+    with temp_dir(chain.scratch(), "verify") as tmp:
         for snap in m.snapshots:
             materialize_snapshot(chain, m, snap, Path(tmp) / f"v{snap.version}", progress)
         if deep:
