@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import schemas, strictjson
-from .._version import __version__
+from .._version import CHAIN_MANIFEST_VERSION, __version__
 from ..digest import digest_bytes
 from ..errors import UnsupportedFeatureError, UnsupportedVersionError
 from . import graph
 from .errors import ChainBrokenError, ManifestInvalidError, NotFoundError
 
 FORMAT = "wdelta-chain"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = CHAIN_MANIFEST_VERSION
 KNOWN_FEATURES: frozenset[str] = frozenset()
 MANIFEST_PREFIX = "manifests/"
 _REV_DIGITS = 12
