@@ -22,7 +22,7 @@ def python_blocks(section: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text[start:end], re.S)
 
 
-@pytest.mark.parametrize("section", ["For inference engines"])
+@pytest.mark.parametrize("section", ["In a training loop", "For inference engines"])
 def test_section_examples_run(tmp_path: Path, section: str) -> None:
     blocks = python_blocks(section)
     assert blocks, f"no python example in {section!r}"
