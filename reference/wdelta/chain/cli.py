@@ -1,4 +1,4 @@
-"""``wdelta chain ...``: init, append, log, verify, pull, squash, prune.
+"""``wdelta chain ...``: init, append, log, verify, pull, squash, prune, check-storage.
 
 ``register(subparsers, help)`` adds the ``chain`` command to the main parser; each
 subcommand's ``func`` returns the exit status and lets WdeltaError propagate
@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import BadArgumentError
 from . import ops
+from .checkstore import check_storage
 from .compose import squash
 from .manifest import Manifest
 from .prune import Policy, prune
@@ -185,6 +186,24 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check_storage(args: argparse.Namespace) -> int:
+    if args.writers < 2 or args.rounds < 1:
+        raise BadArgumentError("check-storage needs --writers >= 2 and --rounds >= 1")
+    report = check_storage(lambda: open_storage(args.url), writers=args.writers, rounds=args.rounds)
+    if args.json:
+        doc = {
+            "url": report.url, "prefix": report.prefix, "passed": report.passed,
+            "rules": [vars(r) for r in report.results], "leftover": report.leftover,
+        }  # fmt: skip
+        print(json.dumps(doc, indent=2))
+    else:
+        for r in report.results:
+            print(f"{r.rule} {'PASS' if r.passed else 'FAIL'}: {r.observed}")
+        if report.leftover is not None:
+            print(f"cleanup FAIL: {report.leftover}")
+    return 0 if report.passed else 1
+
+
 def _common(p: argparse.ArgumentParser, *, cache: bool = False, threads: bool = False) -> None:
     p.add_argument("url", help="chain location: a folder, s3://BUCKET/PREFIX or hf://...")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or summary")
@@ -273,3 +292,11 @@ def _register_readers(sub: Any) -> None:
     p.add_argument("--max-iterations", type=int, default=None, help="stop after N polls")
     p.add_argument("--timeout", type=float, default=None, help="stop after S seconds")
     p.set_defaults(func=_cmd_pull)
+    p = sub.add_parser("check-storage", help="test a store against the storage contract (ST-1..3)")
+    p.add_argument(
+        "url", help="a folder, s3://BUCKET/PREFIX or hf://...; keys go under a new prefix"
+    )
+    p.add_argument("--json", action="store_true", help="the verdicts as JSON")
+    p.add_argument("--writers", type=int, default=8, help="concurrent create-only writers (8)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the create race (3)")
+    p.set_defaults(func=_cmd_check_storage)
