@@ -51,6 +51,11 @@ def _chain(args: argparse.Namespace, default_cache: Path | None = None) -> Itera
         yield Chain(storage, Path(tmp))
 
 
+def _n(count: int, noun: str) -> str:
+    """``1 hop``, ``2 hops``: a count with its noun in the right number."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _metadata(pairs: list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:
@@ -138,7 +143,7 @@ def _report(args: argparse.Namespace, r: PullResult) -> None:
     _say(
         args,
         f"{args.local}: version {r.version.number} {r.version.digest[:16]} "
-        f"(revision {r.revision}, {len(r.hops)} hops, {r.downloaded} bytes fetched)",
+        f"(revision {r.revision}, {_n(len(r.hops), 'hop')}, {r.downloaded} bytes fetched)",
     )
 
 
@@ -176,13 +181,20 @@ def _cmd_squash(args: argparse.Namespace) -> int:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
+    policy = Policy(args.snapshot_every, args.keep_links, args.keep_revisions)
     with _chain(args) as c:
-        m, deleted = prune(c, Policy(args.snapshot_every, args.keep_links, args.keep_revisions))
-    _say(
-        args,
-        f"revision {m.revision}: kept {len(m.versions)} versions, {len(m.links)} links, "
-        f"{len(m.snapshots)} snapshots; deleted {len(deleted)} files",
+        m, deleted = prune(c, policy, dry_run=args.dry_run)
+    kept = (
+        f"{_n(len(m.versions), 'version')}, {_n(len(m.links), 'link')}, "
+        f"{_n(len(m.snapshots), 'snapshot')}"
     )
+    if args.dry_run:
+        files = _n(len(deleted), "file")
+        print(f"dry run: revision {m.revision} would keep {kept}; would delete {files}")
+        for key in deleted:
+            print(f"  {key}")
+        return 0
+    _say(args, f"revision {m.revision}: kept {kept}; deleted {_n(len(deleted), 'file')}")
     return 0
 
 
@@ -263,6 +275,9 @@ def _register_writers(sub: Any) -> None:
     )
     p.add_argument("--keep-links", type=int, required=True, help="keep the last K links")
     p.add_argument("--keep-revisions", type=int, default=10, help="manifest revisions kept (10)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print what would be removed, remove nothing"
+    )
     p.set_defaults(func=_cmd_prune)
 
 
