@@ -8,12 +8,14 @@ Peers (every one lossless, every round trip checked where it decodes):
     fits, else U32) and ``{name}.val`` (raw values; fp8 values widened to
     bf16 as TRL does, F32 scales kept F32), raw and with zstd -3;
   - ZipNN (byte grouping + Huffman/zstd) of the target and of the XOR.
-Times are seconds of the work in memory (files already read); GB = 1e9.
+Times are seconds of the work in memory (files already read), except for
+``zstd_xor_files``, the file-to-file speed reference.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,6 +89,43 @@ def zstd(data: bytes, level: int, decode: bool = True) -> Result:
     if back != data:
         raise AssertionError("zstd round trip differs")
     return Result(len(packed), enc, dec)
+
+
+def _write_synced(path: Path, data: Any) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def zstd_xor_files(base: Path, target: Path, work: Path, level: int = 3) -> Result:
+    """The speed reference: "XOR the files, zstd the result" as a file-to-file tool.
+
+    Encode reads both files, XORs them, compresses (one thread) and writes
+    and fsyncs the delta; decode reads the base and the delta, decompresses,
+    XORs and writes and fsyncs the rebuilt file, which is then checked.
+    That is the job wdelta diff and apply do (without their digests).
+    """
+    delta, rebuilt = work / "xor.zst", work / "xor.out"
+
+    def encode() -> None:
+        b = np.fromfile(base, np.uint8)
+        x = np.bitwise_xor(b, np.fromfile(target, np.uint8))
+        _write_synced(delta, zstandard.ZstdCompressor(level=level).compress(x))
+
+    def decode() -> None:
+        b = np.fromfile(base, np.uint8)
+        x = zstandard.ZstdDecompressor().decompress(delta.read_bytes())
+        _write_synced(rebuilt, np.bitwise_xor(b, np.frombuffer(x, np.uint8)))
+
+    _, enc = _timed(encode)
+    _, dec = _timed(decode)
+    if rebuilt.read_bytes() != target.read_bytes():
+        raise AssertionError("zstd XOR file round trip differs")
+    size = delta.stat().st_size
+    delta.unlink()
+    rebuilt.unlink()
+    return Result(size, enc, dec)
 
 
 def _trl_values(dtype: str, words: Array) -> Array:

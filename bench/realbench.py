@@ -32,6 +32,7 @@ import wdelta
 from wdelta import synthetic
 
 Row = dict[str, Any]
+REFERENCE = realreport.REFERENCE
 
 
 def _bounds(loaded: peers.Loaded, chunk_elements: int) -> dict[str, float]:
@@ -98,6 +99,7 @@ def measure_pair(base: Path, target: Path, args: argparse.Namespace, slow: bool)
     for _ in range(args.repeat):
         _keep_fastest(best, "wdelta", _wdelta_round((base, target), work, args.threads,
                                                     loaded.target))  # fmt: skip
+        _keep_fastest(best, REFERENCE, peers.zstd_xor_files(base, target, work))
         _keep_fastest(best, "zstd -3 of XOR", peers.zstd(loaded.xor, 3))
         _keep_fastest(best, "zstd -3 of target", peers.zstd(loaded.target, 3))
         raw, packed = peers.trl(loaded)
