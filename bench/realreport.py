@@ -87,6 +87,33 @@ def whole_file_margin(p: dict[str, Any]) -> float:
         1.05 * p["bound"]["bytes"] + 300 * p["wdelta"]["tensors"]))  # fmt: skip
 
 
+# The last compaction step that keeps every check wdelta makes today (bench/headersize.py).
+COMPACT_STEP = "short member names"
+
+
+def compact_margin(p: dict[str, Any]) -> float:
+    """``whole_file_margin`` had the header been compacted through COMPACT_STEP."""
+    saved = p["wdelta"]["compaction"][0][1] - dict(p["wdelta"]["compaction"])[COMPACT_STEP]
+    return float((p["methods"]["wdelta"]["bytes"] - saved) / (
+        1.05 * p["bound"]["bytes"] + 300 * p["wdelta"]["tensors"]))  # fmt: skip
+
+
+def header_table(results: list[Case]) -> list[str]:
+    """Header bytes per tensor entry after each cumulative compaction (bench/headersize.py)."""
+    steps = [name for name, _ in results[0]["pairs"][0]["wdelta"]["compaction"]]
+    rows = []
+    for i, step in enumerate(steps):
+        cells = []
+        for c in results:
+            nbytes = sum(p["wdelta"]["compaction"][i][1] for p in c["pairs"])
+            cells.append(f"{nbytes / _tot(c, 'wdelta', 'tensors'):.0f}")
+        rows.append([step, *cells])
+    worst = [max(compact_margin(p) for p in c["pairs"]) for c in results]
+    rows.append([f"whole / (1.05 bound + 300 B/tensor), header through '{COMPACT_STEP}', "
+                 "worst pair", *(f"{w:.3f}" for w in worst)])  # fmt: skip
+    return _table(["header bytes per tensor (cumulative)", *(c["name"] for c in results)], rows)
+
+
 def _span(xs: list[float]) -> str:
     return f"{min(xs):.2f}-{max(xs):.2f}" if len(xs) > 1 else f"{xs[0]:.2f}"
 
@@ -169,7 +196,9 @@ def notes(args: argparse.Namespace) -> list[str]:
 
 def markdown(results: list[Case], args: argparse.Namespace) -> str:
     lines = ["### Sizes", "", *size_table(results), "", "### Speed", "", *speed_table(results)]
-    lines += ["", "### wdelta by case", "", *detail_table(results), "", "### Targets (issue 15)"]
+    lines += ["", "### wdelta by case", "", *detail_table(results)]
+    lines += ["", "### Header: what a compact one would save", "", *header_table(results)]
+    lines += ["", "### Targets (issue 15)"]
     lines += ["", *_table(["target", "measured", "verdict"], targets(results))]
     lines += ["", "### Notes", "", *(f"- {n}" for n in notes(args))]
     return "\n".join(lines) + "\n"

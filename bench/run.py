@@ -22,6 +22,8 @@ Flags:
   --real               the peer table instead (bench/realbench.py): a real tinyllama trace
                        (bench/realtrace.py, cached under --trace-root) and synthetic pairs of
                        --elements (default there 27_500_000) against zstd, TRL and ZipNN;
+  --pair-stride K      --real measures every K-th step pair of the trace (default 3: steps
+                       0-1, 3-4, 6-7, 9-10 of each run)
                        --trace-* flags set the trace (python bench/realtrace.py --help)
 
 Every case: wdelta diff and apply run as child processes of the real CLI
@@ -185,6 +187,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json", default=None)
     p.add_argument("--real", action="store_true")
+    p.add_argument("--pair-stride", type=int, default=3)
     realtrace_flags(p)
     args = p.parse_args(argv)
     if args.real and args.elements == p.get_default("elements"):

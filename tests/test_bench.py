@@ -76,7 +76,7 @@ def test_real_peer_table_end_to_end(tmp_path: Path) -> None:
         [sys.executable, str(REPO / "bench" / "run.py"), "--real", "--dir", str(tmp_path),
          "--trace-root", str(tmp_path / "trace"), "--trace-dim", "32", "--trace-layers", "1",
          "--trace-heads", "2", "--trace-seq", "17", "--trace-batch", "2", "--trace-pretrain",
-         "2", "--trace-steps", "2", "--trace-lrs", "1e-5", "--densities", "",
+         "2", "--trace-steps", "2", "--trace-lrs", "1e-5", "--pair-stride", "1", "--densities", "",
          "--fp8-density", "0", "--repeat", "2", "--json", str(out)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -89,11 +89,16 @@ def test_real_peer_table_end_to_end(tmp_path: Path) -> None:
         for pair in case["pairs"]:
             methods = pair["methods"]
             assert set(methods) >= {"wdelta", "zstd -3 of XOR", "TRL gaps + values, zstd -3",
-                                    "ZipNN of XOR", "ZipNN of target", "zstd -19 of XOR"}
+                                    "ZipNN of XOR", "ZipNN of target",
+                                    "zstd -3 of XOR, file to file"}
             assert all(m["bytes"] > 0 for m in methods.values())
             assert 0 < pair["bound"]["bytes"] < methods["wdelta"]["bytes"] < pair["full"]
-        assert "zstd -19 of target" in case["pairs"][-1]["methods"]
+        assert {"zstd -19 of target", "zstd -19 of XOR"} <= set(case["pairs"][-1]["methods"])
     fp8 = doc["results"][1]["pairs"][0]
     assert fp8["bound"]["scale_bytes"] > 0 and fp8["wdelta"]["scale_bytes"] > 0
+    compaction = fp8["wdelta"]["compaction"]
+    # The stored header is the compact JSON plus the prefix and alignment padding.
+    assert compaction[0][1] < fp8["wdelta"]["header_bytes"] <= compaction[0][1] + 4096 + 64
+    assert [n for _, n in compaction] == sorted((n for _, n in compaction), reverse=True)
     assert "### Targets (issue 15)" in run.stdout and "real fp8 lr1e-05: scale" in run.stdout
     assert out.with_suffix(".png").stat().st_size > 10_000
