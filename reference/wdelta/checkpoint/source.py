@@ -190,6 +190,10 @@ def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
         raise CheckpointInvalidError(f"{index_path}: weight_map must map names to shard files")
     ckpt.index = (index_path.name, text)
     for shard in sorted(set(weight_map.values())):
+        # A shard the index names but the folder lacks makes the checkpoint
+        # malformed (SPEC §10.3), not an I/O failure.
+        if not (folder / shard).is_file():
+            raise CheckpointInvalidError(f"{index_path}: shard {shard} is not in the folder")
         _add_file(ckpt, folder / shard, shard)
     for name, tensor_file in weight_map.items():
         if name not in ckpt.tensors:
