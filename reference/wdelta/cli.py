@@ -10,15 +10,17 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from . import api
-from ._version import __version__
+from . import api, interrupts
+from ._version import CHAIN_MANIFEST_VERSION, CONFORMANCE_SUITE_VERSION, __version__
 from .checkpoint.source import open_checkpoint
 from .container import open_delta
 from .errors import BadArgumentError, StorageError, WdeltaError
+from .header import FORMAT_VERSION
 from .inspect import DeltaSummary, summarize
 from .malloc_tuning import keep_chunk_buffers
 from .terminal import printable
@@ -59,7 +61,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         api.diff(
             args.base, args.target, args.output, level=args.level, threads=args.threads,
             chunk_elements=args.chunk_elements, reversible=not args.no_reverse,
-            progress=progress,
+            progress=progress, overwrite=args.force,
         )  # fmt: skip
     if not args.quiet:
         try:
@@ -81,7 +83,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     with _progress(args, total, "apply") as progress:
         api.apply(
             args.base, args.delta, args.output, reverse=args.reverse, threads=args.threads,
-            progress=progress,
+            progress=progress, overwrite=args.force,
         )  # fmt: skip
     return 0
 
@@ -130,6 +132,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_force(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", "-f", action="store_true",
+                   help="replace the output if it exists (never an input)")  # fmt: skip
+
+
 def _add_common(p: argparse.ArgumentParser, threads: bool = True) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     if threads:
@@ -169,6 +176,36 @@ def _add_conformance(sub: Any, full: bool) -> None:
     p.set_defaults(func=conformance_cli.run_command)
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the package and the format versions it reads and writes."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the versions and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> NoReturn:
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """``wdelta 0.1.0 (format v1, chain manifest v1, conformance suite v1)``."""
+    return (
+        f"wdelta {__version__} (format v{FORMAT_VERSION}, "
+        f"chain manifest v{CHAIN_MANIFEST_VERSION}, "
+        f"conformance suite v{CONFORMANCE_SUITE_VERSION})"
+    )
+
+
+def _subcommand_help(parser: argparse.ArgumentParser, path: Sequence[str]) -> str:
+    """The help text of the (sub)command named by ``path`` (the top level if empty)."""
+    for name in path:
+        choices = next(
+            a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+        )
+        parser = choices[name]
+    return parser.format_help()
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser of the ``wdelta`` command.
 
@@ -178,7 +215,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     (and ``--version``, ``--help``) start faster.
     """
     parser = _Parser(prog="wdelta", description="Bit-exact weight deltas between checkpoints.")
-    parser.add_argument("--version", action="version", version=f"wdelta {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("diff", help="encode the delta BASE -> TARGET")
     p.add_argument("base")
@@ -189,6 +226,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
     p.add_argument("--no-reverse", action="store_true",
                    help="allow full chunks and drop removed tensors (not reversible)")  # fmt: skip
+    _add_force(p)
     _add_common(p)
     p.set_defaults(func=_cmd_diff)
     p = sub.add_parser("apply", help="rebuild the target from BASE and DELTA")
@@ -196,6 +234,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("delta")
     p.add_argument("-o", "--output", required=True, help="output file (folder if sharded)")
     p.add_argument("--reverse", action="store_true", help="BASE is the target; rebuild the base")
+    _add_force(p)
     _add_common(p)
     p.set_defaults(func=_cmd_apply)
     p = sub.add_parser("inspect", help="summarise a delta")
@@ -217,12 +256,18 @@ def run(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # The command is the first argument that is not an option (the top level
     # has only --help and --version, which take no value).
-    command = next((a for a in argv if not a.startswith("-")), None)
+    words = [a for a in argv if not a.startswith("-")]
+    command = words[0] if words else None
     keep_chunk_buffers()
     try:
-        args = build_parser(command).parse_args(argv)
-        func: Callable[[argparse.Namespace], int] = args.func
-        return func(args)
+        with interrupts.as_exceptions():
+            if argv == words and words in ([], ["chain"], ["conformance"]):
+                # A command with nothing to do is a request for usage, as with git.
+                print(_subcommand_help(build_parser(command), words), end="", file=sys.stderr)
+                return 2
+            args = build_parser(command).parse_args(argv)
+            func: Callable[[argparse.Namespace], int] = args.func
+            return func(args)
     except WdeltaError as exc:
         return _fail(exc)
     except BrokenPipeError:
@@ -232,9 +277,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 141
     except OSError as exc:
         return _fail(StorageError(str(exc)))
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, interrupts.Interrupted) else signal.SIGINT
+        print(f"error: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
 
 
 def _fail(exc: WdeltaError) -> int:

@@ -257,9 +257,11 @@ def _header_bytes(
 
 def diff_checkpoints(
     base: Checkpoint, target: Checkpoint, out: Path, opts: DiffOptions,
-    progress: Progress | None = None,
+    progress: Progress | None = None, *, overwrite: bool = False,
 ) -> Path:  # fmt: skip
     """Write the delta base -> target to ``out`` atomically; returns ``out``.
+
+    An existing ``out`` is refused unless ``overwrite``.
 
     Blobs are written first, from the start of the temporary file; prefix and
     header are put in front of them once the header is known (:func:`_prepend`).
@@ -268,7 +270,7 @@ def diff_checkpoints(
     _check_describable(base, "base")
     _check_describable(target, "target")
     plans = _plans(base, target)
-    with atomic_file(out) as fd:
+    with atomic_file(out, overwrite=overwrite) as fd:
         with os.fdopen(os.dup(fd), "wb") as data:
             blobs = _BlobWriter(data)
             try:

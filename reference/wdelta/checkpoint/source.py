@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .. import strictjson
+from .. import filekind, strictjson
+from ..arguments import as_path, check_str_mapping
 from ..dtypes import DType, from_numpy
-from ..errors import CheckpointInvalidError, StorageError, TruncatedError
+from ..errors import BadArgumentError, CheckpointInvalidError, StorageError, TruncatedError
 from .safetensors_header import MAX_HEADER_BYTES, FileLayout, build_header, parse_header
 
 # File names a delta can record (SPEC.md §4.9): no paths, no leading dot, at
@@ -52,6 +53,8 @@ class Tensor:
     _fd: int | None = None
     _offset: int = 0
     _array: np.ndarray[Any, Any] | None = None
+    # Live tensors (wdelta.tensors) read through their slot, chunk by chunk.
+    _reader: Callable[[int, int], Words] | None = None
 
     @property
     def elements(self) -> int:
@@ -66,6 +69,8 @@ class Tensor:
 
     def read(self, start: int, count: int) -> Words:
         """Words ``[start, start + count)`` as a new little-endian unsigned array."""
+        if self._reader is not None:
+            return self._reader(start, count)
         if self._array is not None:
             return np.array(self._array[start : start + count])
         out = np.empty(count, dtype=self.dtype.word)
@@ -125,9 +130,12 @@ def _open_fd(path: Path) -> int:
 
 def read_file_layout(fd: int, path: Path) -> FileLayout:
     """Parse and validate the safetensors header of an open file, and its length."""
+    mistake = filekind.not_a_checkpoint(path, filekind.sniff_fd(fd, path))
+    if mistake is not None:
+        raise CheckpointInvalidError(mistake)
     size = os.fstat(fd).st_size
     if size < 8:
-        raise CheckpointInvalidError(f"{path}: too short for a safetensors file")
+        raise CheckpointInvalidError(f"{path}: {size} bytes, too short for a safetensors file")
     prefix = bytearray(8)
     pread_into(fd, memoryview(prefix), 0)
     n = int.from_bytes(prefix, "little")
@@ -182,6 +190,10 @@ def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
         raise CheckpointInvalidError(f"{index_path}: weight_map must map names to shard files")
     ckpt.index = (index_path.name, text)
     for shard in sorted(set(weight_map.values())):
+        # A shard the index names but the folder lacks makes the checkpoint
+        # malformed (SPEC §10.3), not an I/O failure.
+        if not (folder / shard).is_file():
+            raise CheckpointInvalidError(f"{index_path}: shard {shard} is not in the folder")
         _add_file(ckpt, folder / shard, shard)
     for name, tensor_file in weight_map.items():
         if name not in ckpt.tensors:
@@ -196,38 +208,74 @@ def recorded_name(path: Path) -> str:
     return path.name if is_shard_name(path.name) else SINGLE_FILE_NAME
 
 
+def _open_folder(folder: Path, ckpt: Checkpoint) -> None:
+    index_path = _find_index(folder)
+    if index_path is not None:
+        _open_sharded(folder, index_path, ckpt)
+        return
+    files = sorted(folder.glob("*.safetensors"))
+    if len(files) != 1:
+        found = f"{len(files)} .safetensors files" if files else "no .safetensors file"
+        raise CheckpointInvalidError(
+            f"{folder} is a folder with {found} and no *.safetensors.index.json: a checkpoint "
+            "folder holds one .safetensors file, or shards and their index"
+        )
+    _add_file(ckpt, files[0], recorded_name(files[0]))
+
+
+def _open_path(p: Path, ckpt: Checkpoint) -> None:
+    if p.is_dir():
+        _open_folder(p, ckpt)
+    elif p.is_file():
+        _add_file(ckpt, p, recorded_name(p))
+    elif p.exists():
+        raise CheckpointInvalidError(f"{p} is not a regular file or a folder")
+    else:
+        raise StorageError(f"{p}: no such file or folder")
+
+
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Open a ``.safetensors`` file or a folder holding a (sharded) checkpoint."""
-    p = Path(path)
+    p = as_path(path, "checkpoint")
     ckpt = Checkpoint({}, {})
     try:
-        if p.is_dir():
-            index_path = _find_index(p)
-            if index_path is not None:
-                _open_sharded(p, index_path, ckpt)
-            else:
-                files = sorted(p.glob("*.safetensors"))
-                if len(files) != 1:
-                    raise CheckpointInvalidError(
-                        f"{p}: a folder needs an index file or exactly one .safetensors file"
-                    )
-                _add_file(ckpt, files[0], recorded_name(files[0]))
-        elif p.exists():
-            _add_file(ckpt, p, recorded_name(p))
-        else:
-            raise StorageError(f"{p}: no such file or folder")
+        with filekind.naming(p, CheckpointInvalidError):
+            _open_path(p, ckpt)
     except BaseException:
         ckpt.close()
         raise
     return ckpt
 
 
+def as_array(name: str, value: object) -> np.ndarray[Any, Any]:
+    """The NumPy array of one value of a mapping given as a checkpoint.
+
+    This is the one place where other array types are converted; anything
+    that is not an array is a BadArgumentError naming the tensor.
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    raise BadArgumentError(f"tensor {name!r}: expected a NumPy array, not {type(value).__name__}")
+
+
+def _check_mapping(arrays: object, metadata: object) -> None:
+    if not isinstance(arrays, Mapping):
+        raise BadArgumentError(f"expected a mapping of tensor names to arrays, not "
+                               f"{type(arrays).__name__}")  # fmt: skip
+    bad = next((k for k in arrays if not isinstance(k, str)), None)
+    if bad is not None:
+        raise BadArgumentError(f"tensor names must be strings, not {type(bad).__name__}: {bad!r}")
+    check_str_mapping(metadata, "metadata")
+
+
 def from_arrays(
     arrays: Mapping[str, np.ndarray[Any, Any]], metadata: dict[str, str] | None = None
 ) -> Checkpoint:
     """An in-memory checkpoint; bf16/fp8 arrays may use ml_dtypes dtypes."""
+    _check_mapping(arrays, metadata)
     tensors: dict[str, Tensor] = {}
-    for name, array in arrays.items():
+    for name, value in arrays.items():
+        array = as_array(name, value)
         dtype = from_numpy(array.dtype)
         # safetensors stores little-endian words; convert, never reinterpret.
         little = array.astype(array.dtype.newbyteorder("<"), copy=False)
