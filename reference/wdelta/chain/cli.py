@@ -19,6 +19,7 @@ from typing import Any
 
 from ..atomic import temp_dir
 from ..errors import BadArgumentError
+from ..terminal import printable
 from . import ops
 from .checkstore import check_storage
 from .compose import squash
@@ -69,7 +70,7 @@ def _metadata(pairs: list[str]) -> dict[str, str]:
 
 def _say(args: argparse.Namespace, text: str) -> None:
     if not args.quiet:
-        print(text)
+        print(printable(text))
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -120,7 +121,7 @@ def _format_log(m: Manifest) -> str:
             f"{row['number']:>7} {step:>8} {row['digest'][:16]:16} "
             f"{row['time'] or '-':20} {snap:>12} {links}"
         )
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def _cmd_log(args: argparse.Namespace) -> int:
