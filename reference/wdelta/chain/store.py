@@ -32,6 +32,7 @@ from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
 
 PUBLISH_ATTEMPTS = 50
+_GIVE_CACHE = "open the chain as chain.Chain(LOCATION, cache=FOLDER)"
 _HASH_BLOCK = 1 << 22
 
 
@@ -154,9 +155,7 @@ class Chain:
     ) -> Path:  # fmt: skip
         """A verified local copy of ``key`` (from the cache, else downloaded into it)."""
         if self.cache is None:
-            raise StorageError(
-                "a cache folder is needed to download files: chain.Chain(LOCATION, cache=FOLDER)"
-            )
+            raise StorageError(f"a cache folder is needed to download files: {_GIVE_CACHE}")
         done = self.cached_path(digest)
         if done is not None:
             return done
@@ -174,7 +173,7 @@ class Chain:
     def scratch(self) -> Path:
         """A folder for temporary files beside the cache."""
         if self.cache is None:
-            raise StorageError("a cache folder is needed")
+            raise StorageError(f"a cache folder is needed: {_GIVE_CACHE}")
         path = self.cache / f"{TMP_PREFIX}scratch"
         path.mkdir(parents=True, exist_ok=True)
         return path
