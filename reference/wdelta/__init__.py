@@ -5,6 +5,8 @@ Public API::
     wdelta.diff(base, target, "step.wdelta")          # encode
     wdelta.apply(base, "step.wdelta", "new.safetensors")  # decode, verified
     wdelta.verify("step.wdelta", base=base)           # integrity (+ base)
+    wdelta.apply_inplace(model_state, "step.wdelta")  # live tensors, all or nothing
+    for c in wdelta.changes("step.wdelta"): ...       # per-chunk changes, for engines
     with wdelta.open_delta("step.wdelta") as d: d.header  # inspect
 
 Every failure raises a :class:`WdeltaError` subclass with a stable
@@ -35,7 +37,9 @@ from .errors import (
     WdeltaError,
 )
 from .header import Chunk, Header, TensorEntry
+from .inplace import apply_inplace
 from .inspect import DeltaSummary, summarize
+from .stream import ChunkChange, changed_tensors, changes, verify_weights
 
 __all__ = [
     "CATEGORIES",
@@ -46,6 +50,7 @@ __all__ = [
     "CheckpointInvalidError",
     "ChecksumMismatchError",
     "Chunk",
+    "ChunkChange",
     "DeltaFile",
     "DeltaFormatError",
     "DeltaSummary",
@@ -63,10 +68,14 @@ __all__ = [
     "WdeltaError",
     "__version__",
     "apply",
+    "apply_inplace",
+    "changed_tensors",
+    "changes",
     "diff",
     "from_arrays",
     "open_checkpoint",
     "open_delta",
     "summarize",
     "verify",
+    "verify_weights",
 ]

@@ -16,12 +16,12 @@ from typing import Any, TypeVar, Union, cast
 
 import numpy as np
 
-from . import decoder
+from . import decoder, tensors
 from .arguments import PathLike, as_path, check_int, check_optional_int, is_path
 from .atomic import atomic_file, atomic_folder
-from .checkpoint.source import Checkpoint, from_arrays, open_checkpoint
+from .checkpoint.source import Checkpoint, open_checkpoint
 from .container import DeltaFile, open_delta
-from .dtypes import to_numpy
+from .destination import check_output
 from .encoder import DiffOptions, Progress, diff_checkpoints
 from .errors import (
     BadArgumentError,
@@ -37,7 +37,8 @@ from .header import MAX_CHUNK_ELEMENTS
 from .layout import SideLayout
 from .output_file import OutputFile
 
-CheckpointLike = Union[PathLike, Mapping[str, "np.ndarray[Any, Any]"], Checkpoint]  # noqa: UP007
+# Mappings hold NumPy arrays (bf16/fp8 as ml_dtypes) and/or torch tensors.
+CheckpointLike = Union[PathLike, Mapping[str, Any], Checkpoint]  # noqa: UP007
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,16 +57,21 @@ def _storage_errors(func: F) -> F:
     return cast(F, wrapper)
 
 
+def _paths(**sources: object) -> list[Path]:
+    """The sources given as paths (not arrays or open checkpoints), checked by as_path."""
+    return [as_path(s, what) for what, s in sources.items() if is_path(s)]
+
+
 @contextlib.contextmanager
 def _checkpoint(source: CheckpointLike, what: str) -> Iterator[Checkpoint]:
     """``source`` as a Checkpoint; ``what`` names the argument in errors.
 
-    A mapping's values are converted by ``checkpoint.source.from_arrays``.
+    A mapping (NumPy arrays and/or torch tensors) goes through ``tensors.checkpoint_of``.
     """
     if isinstance(source, Checkpoint):
         yield source
     elif isinstance(source, Mapping):
-        yield from_arrays(source)
+        yield tensors.checkpoint_of(source)
     elif is_path(source):
         with open_checkpoint(as_path(source, what)) as ckpt:
             yield ckpt
@@ -99,9 +105,12 @@ def _check_options(threads: object, progress: object) -> int:
 def diff(
     base: CheckpointLike, target: CheckpointLike, out: PathLike, *,
     level: int | None = None, threads: int = 2, chunk_elements: int | None = None,
-    reversible: bool = True, progress: Progress | None = None,
+    reversible: bool = True, progress: Progress | None = None, overwrite: bool = False,
 ) -> Path:  # fmt: skip
     """Encode the delta from ``base`` to ``target`` into the file ``out``.
+
+    ``out`` must not be an input (nor a link to one) and must not exist
+    unless ``overwrite`` (BadArgumentError, before anything is read).
 
     ``level`` is the zstd level of every blob; None uses the encoder's own
     policy (level 3 below 64 KiB, zstd's fast strategy tuned for delta
@@ -112,8 +121,9 @@ def diff(
     chunks = check_optional_int(chunk_elements, "chunk_elements", 1, MAX_CHUNK_ELEMENTS)
     threads = _check_options(threads, progress)
     opts = DiffOptions(level, threads, chunks or DiffOptions.chunk_elements, bool(reversible))
+    check_output(path, _paths(base=base, target=target), overwrite=overwrite)
     with _checkpoint(base, "base") as b, _checkpoint(target, "target") as t:
-        return diff_checkpoints(b, t, path, opts, progress)
+        return diff_checkpoints(b, t, path, opts, progress, overwrite=overwrite)
 
 
 def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
@@ -122,13 +132,13 @@ def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
 
 def _apply_to_files(
     delta: DeltaFile, ckpt: Checkpoint, steps: list[decoder.Step], out: Path,
-    threads: int, progress: Progress | None, reverse: bool,
+    threads: int, progress: Progress | None, reverse: bool, overwrite: bool,
 ) -> None:  # fmt: skip
     layout = _output_layout(delta, reverse)
     offsets = decoder.output_tensor_offsets(layout.files)
     if layout.index is None:
         ((path, file_layout),) = layout.files
-        with atomic_file(out) as fd:
+        with atomic_file(out, overwrite=overwrite) as fd:
             decoder.init_file(fd, file_layout)
             output = OutputFile(fd)
             try:
@@ -138,7 +148,7 @@ def _apply_to_files(
             finally:
                 output.close()
         return
-    with atomic_folder(out) as folder, contextlib.ExitStack() as stack:
+    with atomic_folder(out, overwrite=overwrite) as folder, contextlib.ExitStack() as stack:
         files: dict[str, OutputFile] = {}
         for path, file_layout in layout.files:
             fd = os.open(folder / path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
@@ -154,8 +164,8 @@ def _apply_to_files(
 
 def _apply_to_arrays(
     delta: DeltaFile, ckpt: Checkpoint, steps: list[decoder.Step], threads: int,
-    progress: Progress | None,
-) -> dict[str, np.ndarray[Any, Any]]:  # fmt: skip
+    progress: Progress | None, device: Any,
+) -> dict[str, Any]:  # fmt: skip
     outputs = {
         s.entry.name: np.empty(s.entry.elements, dtype=s.entry.dtype.word)
         for s in steps if s.dst_digest is not None
@@ -169,7 +179,7 @@ def _apply_to_arrays(
     decoder.run_steps(delta, ckpt, steps, sink, threads, progress)
     shapes = {s.entry.name: s.entry for s in steps if s.dst_digest is not None}
     return {
-        name: words.view(to_numpy(shapes[name].dtype)).reshape(shapes[name].shape)
+        name: tensors.present(words, shapes[name].dtype, shapes[name].shape, device)
         for name, words in outputs.items()
     }
 
@@ -178,17 +188,24 @@ def _apply_to_arrays(
 def apply(
     base: CheckpointLike, delta: PathLike, out: PathLike | None = None, *,
     reverse: bool = False, threads: int = 2, progress: Progress | None = None,
-) -> Path | dict[str, np.ndarray[Any, Any]]:  # fmt: skip
+    overwrite: bool = False,
+) -> Path | dict[str, Any]:  # fmt: skip
     """Apply ``delta`` to ``base`` (or, with ``reverse``, undo it on the target).
 
     With ``out`` the result is written atomically (a file, or a folder for a
     sharded checkpoint) and its path returned; without, the tensors are
-    returned as arrays.  Every digest is verified; on any failure nothing is
-    written at ``out``.
+    returned: torch tensors (on the base tensors' device) when ``base`` is a
+    mapping holding torch tensors, else NumPy arrays (ml_dtypes for bf16/fp8).
+    Every digest is verified; on any failure nothing is written at ``out``.
+    ``out`` must not be an input (nor a link to one, nor inside an input
+    folder) and must not exist unless ``overwrite`` (BadArgumentError, before
+    anything is read).
     """
     threads = _check_options(threads, progress)
     path = None if out is None else as_path(out, "out")
     delta_path = as_path(delta, "delta")
+    if path is not None:
+        check_output(path, _paths(base=base, delta=delta_path), overwrite=overwrite)
     with (
         open_delta(delta_path) as d,
         _checkpoint(base, "base") as ckpt,
@@ -197,8 +214,9 @@ def apply(
         steps = decoder.plan_steps(d.header, reverse)
         decoder.check_input(d.header, ckpt, reverse)
         if path is None:
-            return _apply_to_arrays(d, ckpt, steps, threads, progress)
-        _apply_to_files(d, ckpt, steps, path, threads, progress, reverse)
+            device = tensors.torch_device(base)
+            return _apply_to_arrays(d, ckpt, steps, threads, progress, device)
+        _apply_to_files(d, ckpt, steps, path, threads, progress, reverse, overwrite)
         return path
 
 

@@ -144,7 +144,7 @@ def apply_partial(
         have = {t.name: (t.dtype, t.shape) for t in ckpt.tensors.values()}
         if have != wanted:
             raise BaseMismatchError(f"{src} does not hold the tensors matching {pattern!r}")
-        with atomic_file(out) as fd:
+        with atomic_file(out, overwrite=True) as fd:
             init_file(fd, layout)
             for step in outputs:
                 _apply_tensor(header, step, ckpt, blobs, fd, offsets[step.entry.name])
@@ -159,7 +159,7 @@ def extract(full: Path, pattern: str, version_digest: str, out: Path) -> None:
             {VERSION_KEY: version_digest, TENSORS_KEY: pattern},
         )
         offsets = {t.name: layout.data_start + t.begin for t in layout.tensors}
-        with atomic_file(out) as fd:
+        with atomic_file(out, overwrite=True) as fd:
             init_file(fd, layout)
             for t in tensors:
                 step = 1 << 22

@@ -24,7 +24,6 @@ from pathlib import Path
 import blake3
 
 from ..arguments import PathLike, as_path
-from ..atomic import TMP_PREFIX
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError
 from .errors import ConflictError, ManifestInvalidError, NotFoundError
 from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
@@ -171,12 +170,11 @@ class Chain:
         return final
 
     def scratch(self) -> Path:
-        """A folder for temporary files beside the cache."""
+        """The folder for temporary files (atomic.temp_dir): the cache folder."""
         if self.cache is None:
             raise StorageError(f"a cache folder is needed: {_GIVE_CACHE}")
-        path = self.cache / f"{TMP_PREFIX}scratch"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        self.cache.mkdir(parents=True, exist_ok=True)
+        return self.cache
 
 
 def as_chain(value: object) -> Chain:

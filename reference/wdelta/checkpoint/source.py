@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,11 +23,24 @@ from ..dtypes import DType, from_numpy
 from ..errors import BadArgumentError, CheckpointInvalidError, StorageError, TruncatedError
 from .safetensors_header import MAX_HEADER_BYTES, FileLayout, build_header, parse_header
 
-# File names a delta can record (SPEC.md §4.9): no paths, no leading dot.
-SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors$")
-INDEX_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors\.index\.json$")
+# File names a delta can record (SPEC.md §4.9): no paths, no leading dot, at
+# most 255 characters.  Always used with ``fullmatch``: Python's ``$`` would
+# also match before a final line feed, which the format's patterns exclude.
+SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors")
+INDEX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors\.index\.json")
+MAX_NAME_LENGTH = 255
 SINGLE_FILE_NAME = "model.safetensors"
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
+
+
+def is_shard_name(name: str) -> bool:
+    """True if a delta can record ``name`` as a safetensors file name (§4.9)."""
+    return len(name) <= MAX_NAME_LENGTH and SHARD_NAME.fullmatch(name) is not None
+
+
+def is_index_name(name: str) -> bool:
+    """True if a delta can record ``name`` as an index file name (§4.9)."""
+    return len(name) <= MAX_NAME_LENGTH and INDEX_NAME.fullmatch(name) is not None
 
 
 @dataclass
@@ -40,6 +53,8 @@ class Tensor:
     _fd: int | None = None
     _offset: int = 0
     _array: np.ndarray[Any, Any] | None = None
+    # Live tensors (wdelta.tensors) read through their slot, chunk by chunk.
+    _reader: Callable[[int, int], Words] | None = None
 
     @property
     def elements(self) -> int:
@@ -54,6 +69,8 @@ class Tensor:
 
     def read(self, start: int, count: int) -> Words:
         """Words ``[start, start + count)`` as a new little-endian unsigned array."""
+        if self._reader is not None:
+            return self._reader(start, count)
         if self._array is not None:
             return np.array(self._array[start : start + count])
         out = np.empty(count, dtype=self.dtype.word)
@@ -154,7 +171,7 @@ def _find_index(folder: Path) -> Path | None:
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
         raise CheckpointInvalidError(f"{folder}: more than one *.safetensors.index.json")
-    if indexes and not INDEX_NAME.match(indexes[0].name):
+    if indexes and not is_index_name(indexes[0].name):
         raise CheckpointInvalidError(f"{indexes[0]}: index file name is not portable")
     return indexes[0] if indexes else None
 
@@ -168,11 +185,15 @@ def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
     text = data.decode("utf-8")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(
-        isinstance(v, str) and SHARD_NAME.match(v) for v in weight_map.values()
+        isinstance(v, str) and is_shard_name(v) for v in weight_map.values()
     ):
         raise CheckpointInvalidError(f"{index_path}: weight_map must map names to shard files")
     ckpt.index = (index_path.name, text)
     for shard in sorted(set(weight_map.values())):
+        # A shard the index names but the folder lacks makes the checkpoint
+        # malformed (SPEC §10.3), not an I/O failure.
+        if not (folder / shard).is_file():
+            raise CheckpointInvalidError(f"{index_path}: shard {shard} is not in the folder")
         _add_file(ckpt, folder / shard, shard)
     for name, tensor_file in weight_map.items():
         if name not in ckpt.tensors:
@@ -184,7 +205,7 @@ def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
 
 def recorded_name(path: Path) -> str:
     """The name a single-file checkpoint is recorded under in a delta."""
-    return path.name if SHARD_NAME.match(path.name) else SINGLE_FILE_NAME
+    return path.name if is_shard_name(path.name) else SINGLE_FILE_NAME
 
 
 def _open_folder(folder: Path, ckpt: Checkpoint) -> None:

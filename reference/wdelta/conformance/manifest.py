@@ -72,7 +72,8 @@ class Case:
     category: str | None
     output: Output | None
     reverse_output: Output | None
-    max_delta_bytes: int | None
+    reference_delta_bytes: int | None
+    information_bytes: int | None
 
     @property
     def expected(self) -> str:
@@ -120,7 +121,8 @@ def _case(raw: dict[str, Any]) -> Case:
         raw["id"], raw["profile"], raw["description"], raw["spec"]["section"],
         raw["spec"]["rule"], {role: _input(v) for role, v in raw["inputs"].items()},
         raw.get("out"), expect["outcome"], expect.get("category"), _output(expect.get("output")),
-        _output(expect.get("reverse_output")), expect.get("max_delta_bytes"),
+        _output(expect.get("reverse_output")), expect.get("reference_delta_bytes"),
+        expect.get("information_bytes"),
     )  # fmt: skip
 
 
