@@ -52,7 +52,7 @@ def snapshot(weights: dict[str, Any]) -> dict[str, bytes]:
 
 def make_delta(tmp: Path, base: dict[str, Any], target: dict[str, Any], **kw: Any) -> Path:
     out = tmp / "d.wdelta"
-    wdelta.diff(base, target, out, chunk_elements=CHUNK, **kw)
+    wdelta.diff(base, target, out, chunk_elements=CHUNK, overwrite=True, **kw)
     return out
 
 

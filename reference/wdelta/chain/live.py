@@ -44,12 +44,15 @@ from .store import Chain
 _WRITE_ELEMENTS = 1 << 22
 
 
-def save_weights(weights: Mapping[str, Any], path: Path) -> None:
-    """Write a mapping of arrays/tensors as one safetensors file, atomically, bit for bit."""
+def save_weights(weights: Mapping[str, Any], path: Path, *, overwrite: bool = False) -> None:
+    """Write a mapping of arrays/tensors as one safetensors file, atomically, bit for bit.
+
+    An existing ``path`` is refused (BadArgumentError) unless ``overwrite``.
+    """
     slots = [live.slot(name, value) for name, value in weights.items()]
     layout = build_header([(s.name, s.dtype, s.shape) for s in slots], None)
     begins = {t.name: layout.data_start + t.begin for t in layout.tensors}
-    with atomic_file(path) as fd:
+    with atomic_file(path, overwrite=overwrite) as fd:
         init_file(fd, layout)
         for s in slots:
             for start in range(0, s.elements, _WRITE_ELEMENTS):
@@ -95,7 +98,7 @@ class Publisher:
         if self.keep is None:
             self._previous = _host_copy(weights)
             return
-        save_weights(weights, self.keep)
+        save_weights(weights, self.keep, overwrite=True)
         self._previous = self.keep
 
     def publish(
@@ -114,7 +117,7 @@ class Publisher:
             if self._previous is None:
                 if self.chain.revisions():
                     raise BadArgumentError("the chain exists: pass previous= to resume it")
-                save_weights(weights, whole)
+                save_weights(weights, whole, overwrite=True)
                 m = init(self.chain, whole, step=step, metadata=metadata, progress=progress)
             else:
                 out = Path(tmp) / "link.wdelta"
@@ -122,7 +125,7 @@ class Publisher:
                 api.diff(self._previous, weights, out, level=o.level, threads=o.threads,
                          chunk_elements=o.chunk_elements)  # fmt: skip
                 if snapshot or o.snapshot:
-                    save_weights(weights, whole)
+                    save_weights(weights, whole, overwrite=True)
                 m = append_delta(
                     self.chain, out, step=step, metadata=metadata,
                     snapshot=whole if whole.exists() else None, progress=progress,

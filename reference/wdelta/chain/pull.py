@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import api
-from ..atomic import TMP_PREFIX
+from ..arguments import PathLike, as_path, check_optional_int, check_seconds
+from ..atomic import temp_name
+from ..destination import check_kind, overlaps
 from ..errors import BadArgumentError
 from . import graph, partial
 from .errors import ChainBrokenError, NotFoundError
@@ -27,7 +29,8 @@ from .fetch import check_link_header, fetch_link, materialize_snapshot
 from .local import digest_of_path, partial_marker, replace_checkpoint
 from .manifest import Manifest, Version
 from .storage.base import Progress
-from .store import Chain
+from .storage.local import LocalStorage
+from .store import Chain, as_chain
 
 _REPLANS = 3
 
@@ -60,6 +63,21 @@ def local_version(m: Manifest, local: Path, tensors: str | None, assume: str | N
     if found is None:
         raise NotFoundError(f"{local} (digest {digest[:16]}) is not a version of this chain")
     return found
+
+
+def check_local(chain: Chain, local: Path) -> None:
+    """Refuse a node path that pulling would break (BadArgumentError): ``-``, a
+    device or FIFO, a path inside the chain's own folder (or holding it).
+
+    An existing ``local`` is the pull's input as well as its output: it is
+    replaced only by a newer (or named) version of the same chain.
+    """
+    check_kind(local)
+    if isinstance(chain.storage, LocalStorage) and overlaps(local, chain.storage.root):
+        raise BadArgumentError(
+            f"{local} overlaps the chain folder {chain.storage.root}: pulling there would "
+            "overwrite the chain's files; choose a local path outside it"
+        )
 
 
 @dataclass
@@ -95,18 +113,19 @@ class _Puller:
         if hop.snapshot is not None:
             if self.tensors is None:
                 return materialize_snapshot(self.chain, self.m, hop.snapshot, out, self.count)
-            full = work_dir(self.local) / f"{TMP_PREFIX}snapshot"
-            shutil.rmtree(full, ignore_errors=True) if full.is_dir() else full.unlink(
-                missing_ok=True
-            )
-            materialize_snapshot(self.chain, self.m, hop.snapshot, full, self.count)
-            partial.extract(full, self.tensors, self.m.version(hop.version).digest, out)
-            shutil.rmtree(full) if full.is_dir() else full.unlink()
+            full = work_dir(self.local) / temp_name("snapshot")
+            try:
+                materialize_snapshot(self.chain, self.m, hop.snapshot, full, self.count)
+                partial.extract(full, self.tensors, self.m.version(hop.version).digest, out)
+            finally:
+                _discard(full)
             return out
         assert hop.link is not None and current is not None
         if self.tensors is None:
             delta = fetch_link(self.chain, self.m, hop.link, self.count)
-            api.apply(current, delta, out, reverse=hop.reverse, threads=self.threads)
+            api.apply(
+                current, delta, out, reverse=hop.reverse, threads=self.threads, overwrite=True
+            )
             return out
         header, data_start = partial.read_remote_header(self.chain.storage, hop.link, self.count)
         check_link_header(self.m, hop.link, header)
@@ -146,7 +165,7 @@ def _run(p: _Puller, goal: Version, assume: str | None) -> PullResult:
 
 
 def pull(
-    chain: Chain, local: Path, *, to: str | int = "head", tensors: str | None = None,
+    chain: Chain | PathLike, local: PathLike, *, to: str | int = "head", tensors: str | None = None,
     progress: Progress | None = None, threads: int = 2, assume: str | None = None,
 ) -> PullResult:  # fmt: skip
     """Bring ``local`` to version ``to``; ``tensors`` selects a partial pull.
@@ -158,8 +177,12 @@ def pull(
     planned again.  Without a cache on ``chain``, ``.wdelta-cache`` beside
     ``local`` is used.
     """
+    chain, local = as_chain(chain), as_path(local, "local")
+    if tensors is not None and not isinstance(tensors, str):
+        raise BadArgumentError(f"tensors must be a str of patterns, not {type(tensors).__name__}")
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
+    check_local(chain, local)
     for attempt in range(_REPLANS):
         m = chain.head()
         p = _Puller(chain, m, local, tensors, progress, threads)
@@ -172,12 +195,16 @@ def pull(
 
 
 def follow(
-    chain: Chain, local: Path, *, interval: float, max_iterations: int | None = None,
+    chain: Chain | PathLike, local: PathLike, *, interval: float, max_iterations: int | None = None,
     timeout: float | None = None, on_update: Callable[[PullResult], None] | None = None,
     **options: object,
 ) -> PullResult | None:  # fmt: skip
     """Pull the head every ``interval`` seconds; stop after ``max_iterations`` polls
     or ``timeout`` seconds (None: forever).  Returns the last result."""
+    chain, local = as_chain(chain), as_path(local, "local")
+    interval = check_seconds(interval, "interval") or 0.0
+    timeout = check_seconds(timeout, "timeout")
+    check_optional_int(max_iterations, "max_iterations", 1)
     deadline = None if timeout is None else time.monotonic() + timeout
     last: PullResult | None = None
     polls = 0
