@@ -1,4 +1,4 @@
-"""``wdelta chain ...``: init, append, log, verify, check, pull, squash, prune.
+"""``wdelta chain ...``: init, append, log, verify, check, pull, squash, prune, check-storage.
 
 ``register(subparsers, help)`` adds the ``chain`` command to the main parser; each
 subcommand's ``func`` returns the exit status and lets WdeltaError propagate
@@ -17,8 +17,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..atomic import temp_dir
 from ..errors import BadArgumentError
 from . import ops
+from .checkstore import check_storage
 from .compose import squash
 from .manifest import Manifest, read_manifest
 from .prune import Policy, prune
@@ -46,8 +48,13 @@ def _chain(args: argparse.Namespace, default_cache: Path | None = None) -> Itera
     if cache is not None:
         yield Chain(storage, Path(cache))
         return
-    with tempfile.TemporaryDirectory(prefix="wdelta-cache-") as tmp:
-        yield Chain(storage, Path(tmp))
+    with temp_dir(Path(tempfile.gettempdir()), "cache") as tmp:
+        yield Chain(storage, tmp)
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 hop``, ``2 hops``: a count with its noun in the right number."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _metadata(pairs: list[str]) -> dict[str, str]:
@@ -149,7 +156,7 @@ def _report(args: argparse.Namespace, r: PullResult) -> None:
     _say(
         args,
         f"{args.local}: version {r.version.number} {r.version.digest[:16]} "
-        f"(revision {r.revision}, {len(r.hops)} hops, {r.downloaded} bytes fetched)",
+        f"(revision {r.revision}, {_n(len(r.hops), 'hop')}, {r.downloaded} bytes fetched)",
     )
 
 
@@ -187,14 +194,39 @@ def _cmd_squash(args: argparse.Namespace) -> int:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
+    policy = Policy(args.snapshot_every, args.keep_links, args.keep_revisions)
     with _chain(args) as c:
-        m, deleted = prune(c, Policy(args.snapshot_every, args.keep_links, args.keep_revisions))
-    _say(
-        args,
-        f"revision {m.revision}: kept {len(m.versions)} versions, {len(m.links)} links, "
-        f"{len(m.snapshots)} snapshots; deleted {len(deleted)} files",
+        m, deleted = prune(c, policy, dry_run=args.dry_run)
+    kept = (
+        f"{_n(len(m.versions), 'version')}, {_n(len(m.links), 'link')}, "
+        f"{_n(len(m.snapshots), 'snapshot')}"
     )
+    if args.dry_run:
+        files = _n(len(deleted), "file")
+        print(f"dry run: revision {m.revision} would keep {kept}; would delete {files}")
+        for key in deleted:
+            print(f"  {key}")
+        return 0
+    _say(args, f"revision {m.revision}: kept {kept}; deleted {_n(len(deleted), 'file')}")
     return 0
+
+
+def _cmd_check_storage(args: argparse.Namespace) -> int:
+    if args.writers < 2 or args.rounds < 1:
+        raise BadArgumentError("check-storage needs --writers >= 2 and --rounds >= 1")
+    report = check_storage(lambda: open_storage(args.url), writers=args.writers, rounds=args.rounds)
+    if args.json:
+        doc = {
+            "url": report.url, "prefix": report.prefix, "passed": report.passed,
+            "rules": [vars(r) for r in report.results], "leftover": report.leftover,
+        }  # fmt: skip
+        print(json.dumps(doc, indent=2))
+    else:
+        for r in report.results:
+            print(f"{r.rule} {'PASS' if r.passed else 'FAIL'}: {r.observed}")
+        if report.leftover is not None:
+            print(f"cleanup FAIL: {report.leftover}")
+    return 0 if report.passed else 1
 
 
 def _common(p: argparse.ArgumentParser, *, cache: bool = False, threads: bool = False) -> None:
@@ -256,6 +288,9 @@ def _register_writers(sub: Any) -> None:
     )
     p.add_argument("--keep-links", type=int, required=True, help="keep the last K links")
     p.add_argument("--keep-revisions", type=int, default=10, help="manifest revisions kept (10)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print what would be removed, remove nothing"
+    )
     p.set_defaults(func=_cmd_prune)
 
 
@@ -290,3 +325,11 @@ def _register_readers(sub: Any) -> None:
     p.add_argument("--max-iterations", type=int, default=None, help="stop after N polls")
     p.add_argument("--timeout", type=float, default=None, help="stop after S seconds")
     p.set_defaults(func=_cmd_pull)
+    p = sub.add_parser("check-storage", help="test a store against the storage contract (ST-1..3)")
+    p.add_argument(
+        "url", help="a folder, s3://BUCKET/PREFIX or hf://...; keys go under a new prefix"
+    )
+    p.add_argument("--json", action="store_true", help="the verdicts as JSON")
+    p.add_argument("--writers", type=int, default=8, help="concurrent create-only writers (8)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the create race (3)")
+    p.set_defaults(func=_cmd_check_storage)

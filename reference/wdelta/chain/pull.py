@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .. import api
 from ..arguments import PathLike, as_path, check_optional_int, check_seconds
-from ..atomic import TMP_PREFIX
+from ..atomic import temp_name
+from ..destination import check_kind, overlaps
 from ..errors import BadArgumentError
 from . import graph, partial
 from .errors import ChainBrokenError, NotFoundError
@@ -28,6 +29,7 @@ from .fetch import check_link_header, fetch_link, materialize_snapshot
 from .local import digest_of_path, partial_marker, replace_checkpoint
 from .manifest import Manifest, Version
 from .storage.base import Progress
+from .storage.local import LocalStorage
 from .store import Chain, as_chain
 
 _REPLANS = 3
@@ -63,6 +65,21 @@ def local_version(m: Manifest, local: Path, tensors: str | None, assume: str | N
     return found
 
 
+def check_local(chain: Chain, local: Path) -> None:
+    """Refuse a node path that pulling would break (BadArgumentError): ``-``, a
+    device or FIFO, a path inside the chain's own folder (or holding it).
+
+    An existing ``local`` is the pull's input as well as its output: it is
+    replaced only by a newer (or named) version of the same chain.
+    """
+    check_kind(local)
+    if isinstance(chain.storage, LocalStorage) and overlaps(local, chain.storage.root):
+        raise BadArgumentError(
+            f"{local} overlaps the chain folder {chain.storage.root}: pulling there would "
+            "overwrite the chain's files; choose a local path outside it"
+        )
+
+
 @dataclass
 class _Puller:
     chain: Chain
@@ -96,18 +113,19 @@ class _Puller:
         if hop.snapshot is not None:
             if self.tensors is None:
                 return materialize_snapshot(self.chain, self.m, hop.snapshot, out, self.count)
-            full = work_dir(self.local) / f"{TMP_PREFIX}snapshot"
-            shutil.rmtree(full, ignore_errors=True) if full.is_dir() else full.unlink(
-                missing_ok=True
-            )
-            materialize_snapshot(self.chain, self.m, hop.snapshot, full, self.count)
-            partial.extract(full, self.tensors, self.m.version(hop.version).digest, out)
-            shutil.rmtree(full) if full.is_dir() else full.unlink()
+            full = work_dir(self.local) / temp_name("snapshot")
+            try:
+                materialize_snapshot(self.chain, self.m, hop.snapshot, full, self.count)
+                partial.extract(full, self.tensors, self.m.version(hop.version).digest, out)
+            finally:
+                _discard(full)
             return out
         assert hop.link is not None and current is not None
         if self.tensors is None:
             delta = fetch_link(self.chain, self.m, hop.link, self.count)
-            api.apply(current, delta, out, reverse=hop.reverse, threads=self.threads)
+            api.apply(
+                current, delta, out, reverse=hop.reverse, threads=self.threads, overwrite=True
+            )
             return out
         header, data_start = partial.read_remote_header(self.chain.storage, hop.link, self.count)
         check_link_header(self.m, hop.link, header)
@@ -164,6 +182,7 @@ def pull(
         raise BadArgumentError(f"tensors must be a str of patterns, not {type(tensors).__name__}")
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
+    check_local(chain, local)
     for attempt in range(_REPLANS):
         m = chain.head()
         p = _Puller(chain, m, local, tensors, progress, threads)

@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema
 
 from .. import schemas
+from ..arguments import as_path
 from ..errors import BadArgumentError
 
 PROFILES = ("reader", "decoder", "reverse", "encoder", "manifest")
@@ -132,8 +133,13 @@ def _case(raw: dict[str, Any]) -> Case:
     )  # fmt: skip
 
 
-def load(root: Path, check_files: bool = True) -> Manifest:
+def load(root: Path | str, check_files: bool = True) -> Manifest:
     """Read and validate ``root/manifest.json``; optionally hash every vector file."""
+    root = as_path(root, "root")
+    if root.is_file():
+        raise BadArgumentError(
+            f"{root} is a file; the vectors are the folder holding manifest.json"
+        )
     path = root / "manifest.json"
     try:
         data = path.read_bytes()
