@@ -1,4 +1,4 @@
-"""``wdelta chain ...``: init, append, log, verify, pull, squash, prune, check-storage.
+"""``wdelta chain ...``: init, append, log, verify, check, pull, squash, prune, check-storage.
 
 ``register(subparsers, help)`` adds the ``chain`` command to the main parser; each
 subcommand's ``func`` returns the exit status and lets WdeltaError propagate
@@ -23,7 +23,7 @@ from ..terminal import printable
 from . import ops
 from .checkstore import check_storage
 from .compose import squash
-from .manifest import Manifest
+from .manifest import Manifest, read_manifest
 from .prune import Policy, prune
 from .pull import PullResult, follow, pull
 from .storage import open_storage
@@ -138,6 +138,18 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         f"ok: revision {m.revision}, {len(m.versions)} versions, {len(m.links)} links, "
         f"{len(m.snapshots)} snapshots" + (" (deep)" if args.deep else ""),
     )
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    """One manifest revision file (CH-1..CH-9); with --store, the files it lists (RD-2, RD-3)."""
+    m = read_manifest(args.manifest)
+    if args.store is not None:
+        with tempfile.TemporaryDirectory(prefix="wdelta-check-") as tmp:
+            ops.check_files(Chain(open_storage(args.store), Path(tmp)), m)
+    files = ", files verified" if args.store else ""
+    _say(args, f"ok: revision {m.revision}, {len(m.versions)} versions, {len(m.links)} links, "
+               f"{len(m.snapshots)} snapshots{files}")  # fmt: skip
     return 0
 
 
@@ -294,6 +306,11 @@ def _register_readers(sub: Any) -> None:
         "--deep", action="store_true", help="also rebuild every version and apply every link"
     )
     p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser("check", help="check one manifest revision file (and --store's files)")
+    p.add_argument("manifest", help="a manifest file named rev-RRRRRRRRRRRR.json")
+    p.add_argument("--store", default=None, help="the chain's root: verify every listed file")
+    p.add_argument("--quiet", "-q", action="store_true", help="no output on success")
+    p.set_defaults(func=_cmd_check)
     p = sub.add_parser("pull", help="bring a local checkpoint to the head or --to VERSION")
     _common(p, cache=True, threads=True)
     p.add_argument("local", help="the node's checkpoint file (or symlink to a sharded folder)")
