@@ -203,11 +203,11 @@ def test_no_reverse(files: Files, tmp_path: Path) -> None:
 def test_version_and_help() -> None:
     result = run("--version")
     assert_ok(result)
-    assert result.stdout.strip() == f"wdelta {wdelta.__version__}"
+    assert result.stdout.startswith(f"wdelta {wdelta.__version__} (format v1, ")
     assert_ok(run("--help"))
     module = subprocess.run([sys.executable, "-m", "wdelta", "--version"], capture_output=True,
                             text=True, env=ENV, timeout=60)  # fmt: skip
-    assert module.returncode == 0 and module.stdout.strip() == f"wdelta {wdelta.__version__}"
+    assert module.returncode == 0 and module.stdout == result.stdout
 
 
 # ---------------------------------------------------------------- failures
@@ -226,8 +226,8 @@ def _corrupt(files: Files, tmp: Path, kind: str) -> Path:
     return path
 
 
+# `wdelta` alone prints its usage (tests/test_packaging.py).
 ARGUMENT_ERRORS = [
-    [],
     ["frobnicate"],
     ["diff", "{base}", "{target}"],
     ["diff", "{base}", "{target}", "-o", "{out}", "--chunk-elements", "0"],

@@ -5,6 +5,7 @@ Public API::
     wdelta.diff(base, target, "step.wdelta")          # encode
     wdelta.apply(base, "step.wdelta", "new.safetensors")  # decode, verified
     wdelta.verify("step.wdelta", base=base)           # integrity (+ base)
+    wdelta.apply_inplace(model_state, "step.wdelta")  # live tensors, all or nothing
     with wdelta.open_delta("step.wdelta") as d: d.header  # inspect
 
 Every failure raises a :class:`WdeltaError` subclass with a stable
@@ -35,6 +36,7 @@ from .errors import (
     WdeltaError,
 )
 from .header import Chunk, Header, TensorEntry
+from .inplace import apply_inplace
 from .inspect import DeltaSummary, summarize
 
 __all__ = [
@@ -63,6 +65,7 @@ __all__ = [
     "WdeltaError",
     "__version__",
     "apply",
+    "apply_inplace",
     "diff",
     "from_arrays",
     "open_checkpoint",

@@ -16,18 +16,19 @@ from typing import Any, TypeVar, Union, cast
 
 import numpy as np
 
-from . import decoder
+from . import decoder, tensors
+from .arguments import PathLike, as_path, check_int, check_optional_int, is_path
 from .atomic import atomic_file, atomic_folder
-from .checkpoint.source import Checkpoint, from_arrays, open_checkpoint
+from .checkpoint.source import Checkpoint, open_checkpoint
 from .container import DeltaFile, open_delta
-from .dtypes import to_numpy
 from .encoder import DiffOptions, Progress, diff_checkpoints
 from .errors import BadArgumentError, StorageError
+from .header import MAX_CHUNK_ELEMENTS
 from .layout import SideLayout
 from .output_file import OutputFile
 
-PathLike = Union[str, "os.PathLike[str]"]
-CheckpointLike = Union[PathLike, Mapping[str, "np.ndarray[Any, Any]"], Checkpoint]  # noqa: UP007
+# Mappings hold NumPy arrays (bf16/fp8 as ml_dtypes) and/or torch tensors.
+CheckpointLike = Union[PathLike, Mapping[str, Any], Checkpoint]  # noqa: UP007
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,14 +48,29 @@ def _storage_errors(func: F) -> F:
 
 
 @contextlib.contextmanager
-def _checkpoint(source: CheckpointLike) -> Iterator[Checkpoint]:
+def _checkpoint(source: CheckpointLike, what: str) -> Iterator[Checkpoint]:
+    """``source`` as a Checkpoint; ``what`` names the argument in errors.
+
+    A mapping (NumPy arrays and/or torch tensors) goes through ``tensors.checkpoint_of``.
+    """
     if isinstance(source, Checkpoint):
         yield source
     elif isinstance(source, Mapping):
-        yield from_arrays(source)
-    else:
-        with open_checkpoint(source) as ckpt:
+        yield tensors.checkpoint_of(source)
+    elif is_path(source):
+        with open_checkpoint(as_path(source, what)) as ckpt:
             yield ckpt
+    else:
+        raise BadArgumentError(
+            f"{what} must be a checkpoint path, a mapping of tensor names to arrays or a "
+            f"Checkpoint, not {type(source).__name__}"
+        )
+
+
+def _check_options(threads: object, progress: object) -> int:
+    if progress is not None and not callable(progress):
+        raise BadArgumentError(f"progress must be callable, not {type(progress).__name__}")
+    return check_int(threads, "threads", 1)
 
 
 @_storage_errors
@@ -69,10 +85,13 @@ def diff(
     policy (level 3 below 64 KiB, zstd's fast strategy tuned for delta
     payloads above, see ``encodings.codec.compress``).
     """
-    chunks = DiffOptions.chunk_elements if chunk_elements is None else chunk_elements
-    opts = DiffOptions(level, threads, chunks, reversible)
-    with _checkpoint(base) as b, _checkpoint(target) as t:
-        return diff_checkpoints(b, t, Path(out), opts, progress)
+    path = as_path(out, "out")
+    level = check_optional_int(level, "level", -7, 22)
+    chunks = check_optional_int(chunk_elements, "chunk_elements", 1, MAX_CHUNK_ELEMENTS)
+    threads = _check_options(threads, progress)
+    opts = DiffOptions(level, threads, chunks or DiffOptions.chunk_elements, bool(reversible))
+    with _checkpoint(base, "base") as b, _checkpoint(target, "target") as t:
+        return diff_checkpoints(b, t, path, opts, progress)
 
 
 def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
@@ -113,8 +132,8 @@ def _apply_to_files(
 
 def _apply_to_arrays(
     delta: DeltaFile, ckpt: Checkpoint, steps: list[decoder.Step], threads: int,
-    progress: Progress | None,
-) -> dict[str, np.ndarray[Any, Any]]:  # fmt: skip
+    progress: Progress | None, device: Any,
+) -> dict[str, Any]:  # fmt: skip
     outputs = {
         s.entry.name: np.empty(s.entry.elements, dtype=s.entry.dtype.word)
         for s in steps if s.dst_digest is not None
@@ -128,7 +147,7 @@ def _apply_to_arrays(
     decoder.run_steps(delta, ckpt, steps, sink, threads, progress)
     shapes = {s.entry.name: s.entry for s in steps if s.dst_digest is not None}
     return {
-        name: words.view(to_numpy(shapes[name].dtype)).reshape(shapes[name].shape)
+        name: tensors.present(words, shapes[name].dtype, shapes[name].shape, device)
         for name, words in outputs.items()
     }
 
@@ -137,23 +156,25 @@ def _apply_to_arrays(
 def apply(
     base: CheckpointLike, delta: PathLike, out: PathLike | None = None, *,
     reverse: bool = False, threads: int = 2, progress: Progress | None = None,
-) -> Path | dict[str, np.ndarray[Any, Any]]:  # fmt: skip
+) -> Path | dict[str, Any]:  # fmt: skip
     """Apply ``delta`` to ``base`` (or, with ``reverse``, undo it on the target).
 
     With ``out`` the result is written atomically (a file, or a folder for a
     sharded checkpoint) and its path returned; without, the tensors are
-    returned as arrays.  Every digest is verified; on any failure nothing is
-    written at ``out``.
+    returned: torch tensors (on the base tensors' device) when ``base`` is a
+    mapping holding torch tensors, else NumPy arrays (ml_dtypes for bf16/fp8).
+    Every digest is verified; on any failure nothing is written at ``out``.
     """
-    if threads < 1:
-        raise BadArgumentError("threads must be >= 1")
-    with open_delta(delta) as d, _checkpoint(base) as ckpt:
+    threads = _check_options(threads, progress)
+    path = None if out is None else as_path(out, "out")
+    with open_delta(as_path(delta, "delta")) as d, _checkpoint(base, "base") as ckpt:
         steps = decoder.plan_steps(d.header, reverse)
         decoder.check_input(d.header, ckpt, reverse)
-        if out is None:
-            return _apply_to_arrays(d, ckpt, steps, threads, progress)
-        _apply_to_files(d, ckpt, steps, Path(out), threads, progress, reverse)
-        return Path(out)
+        if path is None:
+            device = tensors.torch_device(base)
+            return _apply_to_arrays(d, ckpt, steps, threads, progress, device)
+        _apply_to_files(d, ckpt, steps, path, threads, progress, reverse)
+        return path
 
 
 @_storage_errors
@@ -166,11 +187,12 @@ def verify(
     Without a base every blob is read, checksummed, decompressed and parsed.
     With a base the full apply runs without writing, so every digest is checked.
     """
-    with open_delta(delta) as d:
+    threads = _check_options(threads, progress)
+    with open_delta(as_path(delta, "delta")) as d:
         if base is None:
             decoder.check_blobs(d, threads, progress)
             return
-        with _checkpoint(base) as ckpt:
+        with _checkpoint(base, "base") as ckpt:
             steps = decoder.plan_steps(d.header, False)
             decoder.check_input(d.header, ckpt, False)
             decoder.run_steps(d, ckpt, steps, None, threads, progress)

@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from . import api
-from ._version import __version__
+from ._version import CHAIN_MANIFEST_VERSION, CONFORMANCE_SUITE_VERSION, __version__
 from .checkpoint.source import open_checkpoint
 from .container import open_delta
 from .errors import BadArgumentError, StorageError, WdeltaError
+from .header import FORMAT_VERSION
 from .inspect import DeltaSummary, summarize
 from .malloc_tuning import keep_chunk_buffers
 
@@ -161,6 +162,36 @@ def _add_conformance(sub: Any, full: bool) -> None:
     p.set_defaults(func=conformance_cli.run_command)
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the package and the format versions it reads and writes."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the versions and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> NoReturn:
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """``wdelta 0.1.0 (format v1, chain manifest v1, conformance suite v1)``."""
+    return (
+        f"wdelta {__version__} (format v{FORMAT_VERSION}, "
+        f"chain manifest v{CHAIN_MANIFEST_VERSION}, "
+        f"conformance suite v{CONFORMANCE_SUITE_VERSION})"
+    )
+
+
+def _subcommand_help(parser: argparse.ArgumentParser, path: Sequence[str]) -> str:
+    """The help text of the (sub)command named by ``path`` (the top level if empty)."""
+    for name in path:
+        choices = next(
+            a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+        )
+        parser = choices[name]
+    return parser.format_help()
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser of the ``wdelta`` command.
 
@@ -170,7 +201,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     (and ``--version``, ``--help``) start faster.
     """
     parser = _Parser(prog="wdelta", description="Bit-exact weight deltas between checkpoints.")
-    parser.add_argument("--version", action="version", version=f"wdelta {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("diff", help="encode the delta BASE -> TARGET")
     p.add_argument("base")
@@ -209,9 +240,14 @@ def run(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # The command is the first argument that is not an option (the top level
     # has only --help and --version, which take no value).
-    command = next((a for a in argv if not a.startswith("-")), None)
+    words = [a for a in argv if not a.startswith("-")]
+    command = words[0] if words else None
     keep_chunk_buffers()
     try:
+        if argv == words and words in ([], ["chain"], ["conformance"]):
+            # A command with nothing to do is a request for usage, as with git.
+            print(_subcommand_help(build_parser(command), words), end="", file=sys.stderr)
+            return 2
         args = build_parser(command).parse_args(argv)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import blake3
 
+from .arguments import as_path
 from .checkpoint.source import pread_into
 from .digest import digest_bytes
 from .encodings import codec
@@ -103,7 +104,7 @@ class DeltaFile:
 
 def open_delta(path: str | os.PathLike[str]) -> DeltaFile:
     """Open a delta file and validate its prefix and header (not its blobs)."""
-    p = Path(path)
+    p = as_path(path, "delta")
     try:
         fd = os.open(p, os.O_RDONLY)
     except OSError as exc:

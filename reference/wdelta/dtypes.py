@@ -67,10 +67,20 @@ def lookup(name: str) -> DType:
 
 def from_numpy(dtype: np.dtype[Any]) -> DType:
     """Map a numpy (or ml_dtypes) dtype to its safetensors :class:`DType`."""
-    name = _NUMPY_NAMES.get(dtype.name)
-    if name is None:
-        raise UnsupportedFeatureError(f"numpy dtype {dtype.name!r} has no safetensors equivalent")
-    return DTYPES[name]
+    return from_type_name(dtype.name, "numpy")
+
+
+def from_type_name(name: str, library: str) -> DType:
+    """Map a numpy/ml_dtypes/torch dtype name (they agree) to its :class:`DType`."""
+    found = _NUMPY_NAMES.get(name)
+    if found is None:
+        raise UnsupportedFeatureError(f"{library} dtype {name!r} has no safetensors equivalent")
+    return DTYPES[found]
+
+
+def type_name(dtype: DType) -> str:
+    """The numpy/ml_dtypes/torch name of a safetensors dtype (``BF16`` -> ``bfloat16``)."""
+    return _BY_SAFETENSORS[dtype.name]
 
 
 def to_numpy(dtype: DType) -> np.dtype[Any]:

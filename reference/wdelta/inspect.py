@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .container import DeltaFile
+from .errors import BadArgumentError
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ def _tensor(entry: Any) -> TensorSummary:
 
 def summarize(delta: DeltaFile) -> DeltaSummary:
     """Summary of an open delta, from its header alone."""
+    if not isinstance(delta, DeltaFile):
+        raise BadArgumentError(
+            f"summarize takes an open delta (wdelta.open_delta), not {type(delta).__name__}"
+        )
     h = delta.header
     tensors = [_tensor(t) for t in h.tensors]
     target_bytes = sum(t.nbytes for t in h.side_tensors("target"))

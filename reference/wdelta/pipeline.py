@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -27,7 +27,7 @@ Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 
 def ordered_map(
     fn: Callable[[T], R], items: Iterable[T], threads: int, ahead: int = 2
-) -> Iterator[R]:
+) -> Generator[R, None, None]:
     """Yield ``fn(item)`` for each item, in order, computing ahead on a pool.
 
     At most ``ahead * threads`` items are submitted but not yet yielded.

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arguments import PathLike, as_path
 from ..checkpoint.source import Checkpoint, Tensor, Words, open_checkpoint
 from ..container import DeltaFile, open_delta
 from ..decoder import check_input
@@ -33,7 +34,7 @@ from .fetch import fetch_link
 from .manifest import Link, Manifest, delta_key
 from .pull import pull
 from .storage.base import Progress
-from .store import Chain, file_digest
+from .store import Chain, as_chain, file_digest
 
 # Decoded chunks kept per composed tensor.  When the links' chunk sizes
 # differ, one read at link k covers parts of several chunks at link k-1 and
@@ -94,6 +95,8 @@ class ComposedTensor(Tensor):
 
 def compose(base: Checkpoint, deltas: list[DeltaFile]) -> Checkpoint:
     """The virtual checkpoint ``base`` + ``deltas[0]`` + ... + ``deltas[-1]``."""
+    if not isinstance(base, Checkpoint) or not all(isinstance(d, DeltaFile) for d in deltas):
+        raise BadArgumentError("compose takes a Checkpoint and a list of open deltas")
     level: dict[str, Tensor] = dict(base.tensors)
     for delta in deltas:
         check_input(delta.header, Checkpoint(level, {}), False)
@@ -117,7 +120,7 @@ def _forward_links(m: Manifest, source: int, target: int) -> list[Link]:
 
 
 def squash(
-    chain: Chain, source: str | int, target: str | int, *, base: Path | None = None,
+    chain: Chain | PathLike, source: str | int, target: str | int, *, base: PathLike | None = None,
     level: int | None = None, threads: int = 2, progress: Progress | None = None,
 ) -> Manifest:  # fmt: skip
     """Publish one link ``source -> target`` composed from the links between them.
@@ -125,6 +128,7 @@ def squash(
     ``base`` is a local checkpoint at ``source``; without it ``source`` is
     pulled (the cheapest way) into a temporary folder first.
     """
+    chain, base = as_chain(chain), None if base is None else as_path(base, "base")
     m = chain.head()
     src, dst = m.version(source), m.version(target)
     if src.number >= dst.number:

@@ -17,18 +17,18 @@ import json
 import os
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from .. import schemas, strictjson
-from .._version import __version__
+from .._version import CHAIN_MANIFEST_VERSION, __version__
+from ..arguments import as_path
 from ..digest import digest_bytes
-from ..errors import UnsupportedFeatureError, UnsupportedVersionError
+from ..errors import BadArgumentError, UnsupportedFeatureError, UnsupportedVersionError
 from . import graph
 from .errors import ChainBrokenError, ManifestInvalidError, NotFoundError
 
 FORMAT = "wdelta-chain"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = CHAIN_MANIFEST_VERSION
 KNOWN_FEATURES: frozenset[str] = frozenset()
 MANIFEST_PREFIX = "manifests/"
 _REV_DIGITS = 12
@@ -206,6 +206,10 @@ def new_manifest(first: Version, snapshot: Snapshot) -> Manifest:
 
 
 def _load_json(data: bytes) -> dict[str, Any]:
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    if not isinstance(data, (bytes, str)):
+        raise BadArgumentError(f"a manifest is given as bytes or str, not {type(data).__name__}")
     raw = strictjson.loads(data, ManifestInvalidError, "manifest")
     if not isinstance(raw, dict):
         raise ManifestInvalidError("manifest must be a JSON object")
@@ -315,7 +319,7 @@ def _check_links(m: Manifest) -> None:
 
 def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Load and validate a manifest file from the local file system."""
-    p = Path(path)
+    p = as_path(path, "path")
     try:
         data = p.read_bytes()
     except OSError as exc:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import api
+from ..arguments import PathLike, as_path, check_optional_int, check_str_mapping
 from ..container import open_delta
 from ..digest import digest_bytes, file_sha256
-from ..errors import BaseMismatchError
+from ..errors import BadArgumentError, BaseMismatchError
 from .errors import ChainBrokenError, ConflictError, ManifestInvalidError
 from .fetch import fetch_link, materialize_snapshot
 from .local import checkpoint_files, digest_of_path
@@ -29,7 +30,7 @@ from .manifest import (
     utc_now,
 )
 from .storage.base import Progress
-from .store import Chain, file_digest
+from .store import Chain, as_chain, file_digest
 
 
 def upload_snapshot(
@@ -52,11 +53,18 @@ def _single_name(path: Path) -> str:
     return recorded_name(path)
 
 
+def _check_version_fields(step: object, metadata: object) -> None:
+    check_optional_int(step, "step", 0)
+    check_str_mapping(metadata, "metadata")
+
+
 def init(
-    chain: Chain, checkpoint: Path, *, step: int | None = None,
+    chain: Chain | PathLike, checkpoint: PathLike, *, step: int | None = None,
     metadata: Mapping[str, str] | None = None, progress: Progress | None = None,
 ) -> Manifest:  # fmt: skip
     """Start a chain at ``checkpoint`` (version 0, stored as a snapshot)."""
+    chain, checkpoint = as_chain(chain), as_path(checkpoint, "checkpoint")
+    _check_version_fields(step, metadata)
     if chain.revisions():
         raise ConflictError(f"{chain.storage.url}: a chain already exists here")
     version = Version(0, digest_of_path(checkpoint), step, utc_now(), dict(metadata or {}))
@@ -76,7 +84,7 @@ class AppendOptions:
 
 
 def append(
-    chain: Chain, checkpoint: Path, base: Path, *, step: int | None = None,
+    chain: Chain | PathLike, checkpoint: PathLike, base: PathLike, *, step: int | None = None,
     metadata: Mapping[str, str] | None = None, options: AppendOptions = AppendOptions(),
     progress: Progress | None = None,
 ) -> Manifest:  # fmt: skip
@@ -85,6 +93,9 @@ def append(
     ``base`` must be a version of the chain (normally the head).  The delta is
     uploaded and verified before the manifest revision that names it exists.
     """
+    _check_version_fields(step, metadata)
+    chain = as_chain(chain)
+    checkpoint, base = as_path(checkpoint, "checkpoint"), as_path(base, "base")
     m = chain.head()
     with tempfile.TemporaryDirectory(prefix="wdelta-append-") as tmp:
         out = Path(tmp) / "link.wdelta"
@@ -120,6 +131,8 @@ def append(
 
 def log_rows(m: Manifest) -> list[dict[str, Any]]:
     """One row per version: how it is stored (snapshot bytes, links in and out)."""
+    if not isinstance(m, Manifest):
+        raise BadArgumentError(f"log_rows takes a Manifest, not {type(m).__name__}")
     rows = []
     for v in m.versions:
         snap = m.snapshot(v.number)
@@ -132,13 +145,16 @@ def log_rows(m: Manifest) -> list[dict[str, Any]]:
     return rows
 
 
-def verify(chain: Chain, *, deep: bool = False, progress: Progress | None = None) -> Manifest:
+def verify(
+    chain: Chain | PathLike, *, deep: bool = False, progress: Progress | None = None
+) -> Manifest:
     """Check every revision's rules and parent digest, every file's digest and header.
 
     ``deep`` also rebuilds every version from a snapshot and checks each link
     applies to its source with every tensor digest (needs disk for the chain's
     versions in the cache's scratch folder).
     """
+    chain = as_chain(chain)
     m = chain.head()
     previous: tuple[int, bytes] | None = None
     for r in chain.revisions():

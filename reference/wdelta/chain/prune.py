@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..arguments import PathLike, check_int
 from ..errors import BadArgumentError
 from . import graph
 from .errors import ChainBrokenError
 from .manifest import Link, Manifest, Snapshot, revision_key
-from .store import Chain
+from .store import Chain, as_chain
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,9 @@ class Policy:
     keep_revisions: int = 10
 
     def check(self) -> None:
-        if self.snapshot_every < 1 or self.keep_links < 0 or self.keep_revisions < 1:
-            raise BadArgumentError(
-                "prune needs snapshot_every >= 1, keep_links >= 0, keep_revisions >= 1"
-            )
+        check_int(self.snapshot_every, "snapshot_every", 1)
+        check_int(self.keep_links, "keep_links", 0)
+        check_int(self.keep_revisions, "keep_revisions", 1)
 
 
 def retained(m: Manifest, policy: Policy) -> tuple[tuple[Snapshot, ...], tuple[Link, ...]]:
@@ -82,12 +82,17 @@ def _doomed(chain: Chain, new: Manifest, revisions: list[int], policy: Policy) -
     return doomed + [revision_key(r) for r in revisions[: -policy.keep_revisions]]
 
 
-def prune(chain: Chain, policy: Policy, *, dry_run: bool = False) -> tuple[Manifest, list[str]]:
+def prune(
+    chain: Chain | PathLike, policy: Policy, *, dry_run: bool = False
+) -> tuple[Manifest, list[str]]:
     """Publish the pruned manifest, then delete unreferenced files; returns both.
 
     ``dry_run``: publish and delete nothing; return the revision that would be
     published and the keys that would be deleted (as of now).
     """
+    chain = as_chain(chain)
+    if not isinstance(policy, Policy):
+        raise BadArgumentError(f"policy must be a wdelta.chain.Policy, not {type(policy).__name__}")
     policy.check()
     if dry_run:
         new = _pruned(chain.head(), policy)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import api
+from ..arguments import PathLike, as_path, check_optional_int, check_seconds
 from ..atomic import TMP_PREFIX
 from ..errors import BadArgumentError
 from . import graph, partial
@@ -27,7 +28,7 @@ from .fetch import check_link_header, fetch_link, materialize_snapshot
 from .local import digest_of_path, partial_marker, replace_checkpoint
 from .manifest import Manifest, Version
 from .storage.base import Progress
-from .store import Chain
+from .store import Chain, as_chain
 
 _REPLANS = 3
 
@@ -146,7 +147,7 @@ def _run(p: _Puller, goal: Version, assume: str | None) -> PullResult:
 
 
 def pull(
-    chain: Chain, local: Path, *, to: str | int = "head", tensors: str | None = None,
+    chain: Chain | PathLike, local: PathLike, *, to: str | int = "head", tensors: str | None = None,
     progress: Progress | None = None, threads: int = 2, assume: str | None = None,
 ) -> PullResult:  # fmt: skip
     """Bring ``local`` to version ``to``; ``tensors`` selects a partial pull.
@@ -158,6 +159,9 @@ def pull(
     planned again.  Without a cache on ``chain``, ``.wdelta-cache`` beside
     ``local`` is used.
     """
+    chain, local = as_chain(chain), as_path(local, "local")
+    if tensors is not None and not isinstance(tensors, str):
+        raise BadArgumentError(f"tensors must be a str of patterns, not {type(tensors).__name__}")
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
     for attempt in range(_REPLANS):
@@ -172,12 +176,16 @@ def pull(
 
 
 def follow(
-    chain: Chain, local: Path, *, interval: float, max_iterations: int | None = None,
+    chain: Chain | PathLike, local: PathLike, *, interval: float, max_iterations: int | None = None,
     timeout: float | None = None, on_update: Callable[[PullResult], None] | None = None,
     **options: object,
 ) -> PullResult | None:  # fmt: skip
     """Pull the head every ``interval`` seconds; stop after ``max_iterations`` polls
     or ``timeout`` seconds (None: forever).  Returns the last result."""
+    chain, local = as_chain(chain), as_path(local, "local")
+    interval = check_seconds(interval, "interval") or 0.0
+    timeout = check_seconds(timeout, "timeout")
+    check_optional_int(max_iterations, "max_iterations", 1)
     deadline = None if timeout is None else time.monotonic() + timeout
     last: PullResult | None = None
     polls = 0

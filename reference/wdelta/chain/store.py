@@ -23,10 +23,12 @@ from pathlib import Path
 
 import blake3
 
+from ..arguments import PathLike, as_path
 from ..atomic import TMP_PREFIX
-from ..errors import ChecksumMismatchError, StorageError
+from ..errors import BadArgumentError, ChecksumMismatchError, StorageError
 from .errors import ConflictError, ManifestInvalidError, NotFoundError
 from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
+from .storage import open_storage
 from .storage.base import Progress, Storage, download
 
 PUBLISH_ATTEMPTS = 50
@@ -46,11 +48,15 @@ def file_digest(path: Path, algorithm: str) -> str:
 
 
 class Chain:
-    """One chain: ``storage`` holds it, ``cache`` (optional) keeps verified downloads."""
+    """One chain: ``storage`` holds it, ``cache`` (optional) keeps verified downloads.
 
-    def __init__(self, storage: Storage, cache: Path | None = None) -> None:
-        self.storage = storage
-        self.cache = cache
+    ``storage`` may also be given as its location (a folder, ``s3://`` or
+    ``hf://`` URL, see :func:`open_storage`).
+    """
+
+    def __init__(self, storage: Storage | PathLike, cache: PathLike | None = None) -> None:
+        self.storage = storage if isinstance(storage, Storage) else open_storage(storage)
+        self.cache = None if cache is None else as_path(cache, "cache")
         self.seen_revision = 0
 
     # ------------------------------------------------------------ manifests
@@ -168,3 +174,14 @@ class Chain:
         path = self.cache / f"{TMP_PREFIX}scratch"
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+def as_chain(value: object) -> Chain:
+    """``value`` if it is a Chain, or the chain at a location (str or os.PathLike)."""
+    if isinstance(value, Chain):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return Chain(value)
+    raise BadArgumentError(
+        f"chain must be a wdelta.chain.Chain or its location, not {type(value).__name__}"
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from .. import strictjson
+from ..arguments import as_path, check_str_mapping
 from ..dtypes import DType, from_numpy
-from ..errors import CheckpointInvalidError, StorageError, TruncatedError
+from ..errors import BadArgumentError, CheckpointInvalidError, StorageError, TruncatedError
 from .safetensors_header import MAX_HEADER_BYTES, FileLayout, build_header, parse_header
 
 # File names a delta can record (SPEC.md §4.9): no paths, no leading dot.
@@ -39,6 +40,8 @@ class Tensor:
     _fd: int | None = None
     _offset: int = 0
     _array: np.ndarray[Any, Any] | None = None
+    # Live tensors (wdelta.tensors) read through their slot, chunk by chunk.
+    _reader: Callable[[int, int], Words] | None = None
 
     @property
     def elements(self) -> int:
@@ -53,6 +56,8 @@ class Tensor:
 
     def read(self, start: int, count: int) -> Words:
         """Words ``[start, start + count)`` as a new little-endian unsigned array."""
+        if self._reader is not None:
+            return self._reader(start, count)
         if self._array is not None:
             return np.array(self._array[start : start + count])
         out = np.empty(count, dtype=self.dtype.word)
@@ -185,7 +190,7 @@ def recorded_name(path: Path) -> str:
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Open a ``.safetensors`` file or a folder holding a (sharded) checkpoint."""
-    p = Path(path)
+    p = as_path(path, "checkpoint")
     ckpt = Checkpoint({}, {})
     try:
         if p.is_dir():
@@ -209,12 +214,35 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     return ckpt
 
 
+def as_array(name: str, value: object) -> np.ndarray[Any, Any]:
+    """The NumPy array of one value of a mapping given as a checkpoint.
+
+    This is the one place where other array types are converted; anything
+    that is not an array is a BadArgumentError naming the tensor.
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    raise BadArgumentError(f"tensor {name!r}: expected a NumPy array, not {type(value).__name__}")
+
+
+def _check_mapping(arrays: object, metadata: object) -> None:
+    if not isinstance(arrays, Mapping):
+        raise BadArgumentError(f"expected a mapping of tensor names to arrays, not "
+                               f"{type(arrays).__name__}")  # fmt: skip
+    bad = next((k for k in arrays if not isinstance(k, str)), None)
+    if bad is not None:
+        raise BadArgumentError(f"tensor names must be strings, not {type(bad).__name__}: {bad!r}")
+    check_str_mapping(metadata, "metadata")
+
+
 def from_arrays(
     arrays: Mapping[str, np.ndarray[Any, Any]], metadata: dict[str, str] | None = None
 ) -> Checkpoint:
     """An in-memory checkpoint; bf16/fp8 arrays may use ml_dtypes dtypes."""
+    _check_mapping(arrays, metadata)
     tensors: dict[str, Tensor] = {}
-    for name, array in arrays.items():
+    for name, value in arrays.items():
+        array = as_array(name, value)
         dtype = from_numpy(array.dtype)
         # safetensors stores little-endian words; convert, never reinterpret.
         little = array.astype(array.dtype.newbyteorder("<"), copy=False)

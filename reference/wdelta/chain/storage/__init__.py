@@ -7,12 +7,22 @@ S3-compatible storage (boto3; endpoint from ``AWS_ENDPOINT_URL``) and
 
 from __future__ import annotations
 
+import os
+from typing import Union
+
+from ...errors import BadArgumentError
 from .base import ObjectInfo, Progress, Storage, download
 from .local import LocalStorage
 
 
-def open_storage(url: str) -> Storage:
-    """The backend for ``url``."""
+def open_storage(url: Union[str, os.PathLike[str]]) -> Storage:  # noqa: UP007
+    """The backend for ``url`` (a folder may be given as an ``os.PathLike``)."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str) or not url:
+        raise BadArgumentError(
+            f"a chain location must be a folder, s3:// or hf:// URL, not {url!r:.80}"
+        )
     if url.startswith("s3://"):
         from .s3 import S3Storage
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import BadArgumentError, StorageError
+from ...errors import BadArgumentError, StorageError, UnsupportedFeatureError
 
 Progress = Callable[[int], None]
 STREAM_BLOCK = 1 << 20
@@ -28,6 +28,15 @@ class ObjectInfo:
 
     key: str
     size: int
+
+
+def missing_package(scheme: str, exc: ImportError, install: str) -> UnsupportedFeatureError:
+    """The error for a backend whose optional package cannot be imported."""
+    name = exc.name or str(exc)
+    return UnsupportedFeatureError(
+        f"{scheme} storage needs the Python package {name}, which cannot be imported "
+        f"({exc}): {install}"
+    )
 
 
 def check_key(key: str) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ...errors import BadArgumentError, StorageError, TruncatedError
 from ..errors import NotFoundError
-from .base import ObjectInfo, Progress, Storage, check_key
+from .base import ObjectInfo, Progress, Storage, check_key, missing_package
 
 RANGE_BLOCK = 8 << 20
 _COMMIT_ATTEMPTS = 8
@@ -68,7 +68,10 @@ class HfStorage(Storage):
         self.loc = parse_hf_url(url)
         self.url = f"hf://{self.loc.fs_root}/"
         if api is None or fs is None:
-            from huggingface_hub import HfApi, HfFileSystem
+            try:
+                from huggingface_hub import HfApi, HfFileSystem
+            except ImportError as exc:
+                raise missing_package("hf://", exc, "pip install 'huggingface_hub>=0.30'") from exc
 
             api = api or HfApi()
             fs = fs or HfFileSystem()

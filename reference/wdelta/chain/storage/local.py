@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from ...arguments import as_path
 from ...atomic import TMP_PREFIX, fsync_dir, temp_file
 from ...errors import StorageError, TruncatedError
 from ..errors import NotFoundError
@@ -23,7 +24,7 @@ class LocalStorage(Storage):
     """Objects are files under ``root``; keys are relative paths."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+        self.root = as_path(root, "root")
         self.url = str(self.root)
 
     def _path(self, key: str) -> Path:

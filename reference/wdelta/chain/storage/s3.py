@@ -15,7 +15,7 @@ from typing import Any
 
 from ...errors import BadArgumentError, StorageError, TruncatedError
 from ..errors import NotFoundError
-from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key
+from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key, missing_package
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 # S3 answers 409 when two conditional writes of one key overlap; the loser
@@ -57,8 +57,11 @@ class S3Storage(Storage):
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.url = f"s3://{bucket}/{self.prefix}"
         if client is None:
-            import boto3  # type: ignore[import-untyped, import-not-found, unused-ignore]
-            from botocore.config import Config  # type: ignore[import-untyped, import-not-found, unused-ignore]
+            try:
+                import boto3  # type: ignore[import-untyped, import-not-found, unused-ignore]
+                from botocore.config import Config  # type: ignore[import-untyped, import-not-found, unused-ignore]
+            except ImportError as exc:
+                raise missing_package("s3://", exc, "pip install 'wdelta[s3]'") from exc
 
             config = Config(retries={"max_attempts": 3, "mode": "standard"})
             client = boto3.client("s3", endpoint_url=endpoint_url, config=config)

@@ -1,0 +1,261 @@
+"""``apply_inplace``: move live weights from base to target (or back), all or nothing.
+
+The weights are a mutable mapping of NumPy arrays and/or torch tensors.  The
+procedure keeps a live model always entirely at the input side or entirely
+at the output side:
+
+1. the mapping's names, dtypes and shapes must be the delta's input side
+   (``base-mismatch``), output tensors must be writable (``bad-argument``);
+2. every input tensor is hashed against its digest before any byte changes;
+3. chunks are decoded on a thread pool (scratch: a few chunks) and written
+   back in place in order, each one journalled; every output tensor is hashed
+   against its digest as it completes (``verify_output=False`` skips this);
+4. on any failure the journal is undone newest first: a ``sparse`` or
+   ``dense`` chunk by decoding its blob in the other direction over the
+   written words (the transforms are bijections, SPEC §6), a ``full`` chunk
+   from the old words kept for it (only non-reversible deltas have those);
+5. only then are added tensors inserted into the mapping and removed ones
+   deleted (structural changes go through the mapping; added tensors are
+   created as NumPy arrays, or as torch tensors on the mapping's device).
+
+Tensors sharing memory with the same layout (tied weights) are updated once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import decoder, tensors
+from .checkpoint.source import Checkpoint, Tensor, Words
+from .container import DeltaFile, open_delta
+from .digest import new_hasher
+from .encodings import chunk as chunk_codec
+from .errors import BadArgumentError, BaseMismatchError, ChecksumMismatchError
+from .pipeline import ordered_map
+from .tensors import Slot
+
+_READ_BLOCK = 1 << 22  # elements hashed per read of a tensor that has no zero-copy view
+
+
+@dataclass(frozen=True)
+class _Task:
+    """Chunk ``index`` of a step: elements ``[start, start + count)``."""
+
+    step: decoder.Step
+    slot: Slot
+    index: int
+    start: int
+    count: int
+
+
+@dataclass
+class _Journal:
+    """Chunks written so far, to undo newest first; ``full`` chunks keep old words."""
+
+    delta: DeltaFile
+    reverse: bool
+    done: list[tuple[_Task, Words | None]] = field(default_factory=list)
+
+    def undo(self) -> None:
+        for task, old in reversed(self.done):
+            task.slot.invalidate()
+            if old is None:
+                chunk = task.step.chunk(task.index)
+                current = task.slot.read(task.start, task.count)
+                old = chunk_codec.decode(
+                    chunk.encoding, chunk.transform, self.delta.payload(chunk), current,
+                    task.count, task.step.entry.dtype.word, not self.reverse, chunk.changed,
+                )  # fmt: skip
+            task.slot.write(task.start, old)
+        self.done.clear()
+
+
+def _slots(weights: MutableMapping[str, Any]) -> dict[str, Slot]:
+    return {name: tensors.slot(name, value) for name, value in weights.items()}
+
+
+def _check_structure(delta: DeltaFile, slots: dict[str, Slot], steps: list[decoder.Step]) -> None:
+    shapes = {n: Tensor(n, s.dtype, s.shape) for n, s in slots.items()}
+    decoder.check_input(delta.header, Checkpoint(shapes, {}), steps[0].reverse if steps else False)
+    for step in steps:
+        if _writes(step) and not slots[step.entry.name].writable:
+            raise BadArgumentError(f"tensor {step.entry.name!r} is read-only")
+
+
+def _writes(step: decoder.Step) -> bool:
+    """Whether a step changes an existing tensor's words."""
+    both = step.src_digest is not None and step.dst_digest is not None
+    return both and step.entry.op == "modified"
+
+
+def _hash_slot(slot: Slot) -> str:
+    hasher = new_hasher(1)
+    view = slot.whole()
+    if view is not None:
+        hasher.update(view)
+    else:
+        for start in range(0, slot.elements, _READ_BLOCK):
+            hasher.update(slot.read(start, min(_READ_BLOCK, slot.elements - start)).data.cast("B"))
+    return str(hasher.hexdigest())
+
+
+def _verify_inputs(steps: list[decoder.Step], slots: dict[str, Slot], threads: int) -> None:
+    """Every input tensor against its digest, before anything is written."""
+    checked = [s for s in steps if s.src_digest is not None]
+    digests = ordered_map(lambda s: _hash_slot(slots[s.entry.name]), checked, threads, 1)
+    for step, digest in zip(checked, digests, strict=True):
+        if digest != step.src_digest:
+            raise BaseMismatchError(
+                f"tensor {step.entry.name!r}: weights differ from the delta's input digest"
+            )
+
+
+def _tasks(
+    steps: list[decoder.Step], slots: dict[str, Slot], chunk_elements: int
+) -> Iterator[_Task]:
+    for step in steps:
+        n = step.entry.elements
+        for i, start in enumerate(range(0, n, chunk_elements)):
+            yield _Task(step, slots[step.entry.name], i, start, min(chunk_elements, n - start))
+
+
+def _decode(delta: DeltaFile, task: _Task, reverse: bool) -> tuple[_Task, Words, Words | None]:
+    """(task, output words, old words to keep for undo or None)."""
+    chunk = task.step.chunk(task.index)
+    source = task.slot.read(task.start, task.count)
+    if chunk.encoding == "full":
+        full = np.frombuffer(delta.payload(chunk), task.step.entry.dtype.word, task.count)
+        return task, full, source
+    if chunk.encoding == "unchanged":
+        assert source is not None
+        return task, source, None
+    out = chunk_codec.decode(
+        chunk.encoding, chunk.transform, delta.payload(chunk), source, task.count,
+        task.step.entry.dtype.word, reverse, chunk.changed,
+    )  # fmt: skip
+    return task, out, None
+
+
+@dataclass
+class _Outputs:
+    """Output digests of the tensors being written, fed chunk by chunk in order."""
+
+    verify: bool
+    hashers: dict[str, Any] = field(default_factory=dict)
+
+    def feed(self, task: _Task, words: Words) -> None:
+        if not self.verify:
+            return
+        name = task.step.entry.name
+        hasher = self.hashers.setdefault(name, new_hasher(1))
+        hasher.update(words.data.cast("B"))
+        if task.start + task.count == task.step.entry.elements:
+            digest = str(self.hashers.pop(name).hexdigest())
+            if digest != task.step.dst_digest:
+                raise ChecksumMismatchError(
+                    f"tensor {name!r}: decoded bytes do not match its digest"
+                )
+
+
+def _update(
+    delta: DeltaFile, steps: list[decoder.Step], slots: dict[str, Slot], journal: _Journal,
+    threads: int, verify: bool,
+) -> None:  # fmt: skip
+    """Write every modified tensor in place, journalling each chunk."""
+    outputs = _Outputs(verify)
+    tasks = _tasks([s for s in steps if _writes(s)], slots, delta.header.chunk_elements)
+    # Closed on error, so that no worker still reads while the journal is undone.
+    decoded = ordered_map(lambda t: _decode(delta, t, journal.reverse), tasks, threads)
+    with contextlib.closing(decoded):
+        for task, words, old in decoded:
+            if task.step.chunk(task.index).encoding != "unchanged":
+                journal.done.append((task, old))
+                task.slot.write(task.start, words)
+            outputs.feed(task, words)
+    for step in steps:
+        if _writes(step) and step.entry.elements == 0:
+            outputs.feed(_Task(step, slots[step.entry.name], 0, 0, 0), np.empty(0, np.uint8))
+
+
+def _build_added(
+    delta: DeltaFile, steps: list[decoder.Step], device: Any, verify: bool
+) -> dict[str, Any]:
+    """New tensors (output side only), decoded and checked before the commit."""
+    added: dict[str, Any] = {}
+    for step in steps:
+        entry = step.entry
+        if step.src_digest is not None or step.dst_digest is None:
+            continue
+        words = np.empty(entry.elements, dtype=entry.dtype.word)
+        hasher = new_hasher(1)
+        for i, chunk in enumerate(entry.chunks):
+            start, count = delta.header.chunk_span(entry, i)
+            words[start : start + count] = np.frombuffer(
+                delta.payload(chunk), entry.dtype.word, count
+            )
+        hasher.update(words.data.cast("B"))
+        if verify and str(hasher.hexdigest()) != step.dst_digest:
+            raise ChecksumMismatchError(f"tensor {entry.name!r}: decoded bytes do not match")
+        added[entry.name] = tensors.present(words, entry.dtype, entry.shape, device)
+    return added
+
+
+def _dedupe_tied(steps: list[decoder.Step], slots: dict[str, Slot]) -> list[decoder.Step]:
+    """Drop the write steps of tensors that alias an earlier one with the same change."""
+    seen: dict[tuple[Any, ...], decoder.Step] = {}
+    kept = []
+    for step in steps:
+        if _writes(step):
+            key = slots[step.entry.name].storage_key()
+            first = seen.setdefault(key, step)
+            if first is not step:
+                if (first.src_digest, first.dst_digest) != (step.src_digest, step.dst_digest):
+                    raise BadArgumentError(
+                        f"tensors {first.entry.name!r} and {step.entry.name!r} share memory "
+                        "but the delta changes them differently"
+                    )
+                continue
+        kept.append(step)
+    return kept
+
+
+def apply_inplace(
+    weights: MutableMapping[str, Any], delta: str | os.PathLike[str], reverse: bool = False,
+    *, verify_output: bool = True, threads: int = 2,
+) -> None:  # fmt: skip
+    """Update ``weights`` (NumPy arrays / torch tensors by name) in place by ``delta``.
+
+    Forward the weights go from the delta's base to its target; with
+    ``reverse`` from target to base.  All or nothing: on any error (a wrong
+    base, a corrupted blob, an output digest mismatch, an interrupt) the
+    weights are left bit-identical to what they were, and the error raised.
+    Scratch memory is a few chunks per thread (``full`` chunks of a
+    non-reversible delta keep their old words until the end).
+    ``verify_output=False`` skips hashing the outputs (inputs are always
+    checked); only for deltas already verified against these weights.
+    """
+    if threads < 1:
+        raise BadArgumentError("threads must be >= 1")
+    with open_delta(delta) as d:
+        steps = decoder.plan_steps(d.header, reverse)
+        slots = _slots(weights)
+        _check_structure(d, slots, steps)
+        steps = _dedupe_tied(steps, slots)
+        _verify_inputs(steps, slots, threads)
+        journal = _Journal(d, reverse)
+        try:
+            _update(d, steps, slots, journal, threads, verify_output)
+            added = _build_added(d, steps, tensors.torch_device(weights), verify_output)
+        except BaseException:
+            journal.undo()
+            raise
+        for step in steps:
+            if step.dst_digest is None:
+                del weights[step.entry.name]
+        weights.update(added)

@@ -1,0 +1,269 @@
+"""apply_inplace: live NumPy arrays / torch tensors move base <-> target, all or nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import wdelta
+from wdelta import tensors
+from wdelta.container import open_delta
+
+torch = pytest.importorskip("torch")
+
+from test_torch import DTYPES, random_tensor, stepped, words  # noqa: E402
+
+CHUNK = 64
+
+
+def model(seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    bf16 = rng.standard_normal((40, 30)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    return {
+        "emb": bf16,
+        "norm": rng.standard_normal(50).astype(np.float32),
+        "fp8": rng.standard_normal((16, 16)).astype(ml_dtypes.float8_e4m3fn),
+        "count": np.arange(7, dtype=np.int64),
+        "empty": np.zeros((0, 3), dtype=np.float16),
+    }
+
+
+def step(weights: dict[str, Any], seed: int, density: float = 0.05) -> dict[str, Any]:
+    """A copy with ``density`` of each tensor's words replaced by random ones."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, a in weights.items():
+        w = a.reshape(-1).view(f"<u{a.dtype.itemsize}").copy()
+        mask = rng.random(len(w)) < density
+        w[mask] = rng.integers(0, 2 ** (8 * a.dtype.itemsize), mask.sum(), dtype=w.dtype)
+        out[name] = w.view(a.dtype).reshape(a.shape)
+    return out
+
+
+def snapshot(weights: dict[str, Any]) -> dict[str, bytes]:
+    return {n: (words(v) if tensors.is_torch(v) else v).tobytes() for n, v in weights.items()}
+
+
+def make_delta(tmp: Path, base: dict[str, Any], target: dict[str, Any], **kw: Any) -> Path:
+    out = tmp / "d.wdelta"
+    wdelta.diff(base, target, out, chunk_elements=CHUNK, **kw)
+    return out
+
+
+def test_numpy_forward_and_back(tmp_path: Path) -> None:
+    base = model(0)
+    target = step(base, 1)
+    delta = make_delta(tmp_path, base, target)
+    live = {n: a.copy() for n, a in base.items()}
+    ids = {n: id(a) for n, a in live.items()}
+    wdelta.apply_inplace(live, delta)
+    assert snapshot(live) == snapshot(target)
+    assert {n: id(a) for n, a in live.items()} == ids  # the same arrays, updated in place
+    wdelta.apply_inplace(live, delta, reverse=True)
+    assert snapshot(live) == snapshot(base)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    dtype=st.sampled_from(DTYPES), rows=st.integers(1, 30), cols=st.integers(1, 30),
+    seed=st.integers(0, 2**16), transpose=st.booleans(), density=st.sampled_from([0.02, 0.5, 1]),
+)  # fmt: skip
+def test_torch_in_place_round_trip(
+    tmp_path_factory: pytest.TempPathFactory, dtype: Any, rows: int, cols: int, seed: int,
+    transpose: bool, density: float,
+) -> None:  # fmt: skip
+    """Contiguous or strided torch tensors of every dtype go to the target and back."""
+    tmp = tmp_path_factory.mktemp("ip")
+    b = random_tensor(dtype, (rows, cols), seed)
+    t = stepped(b, seed + 1, density)
+    delta = make_delta(tmp, {"w": b}, {"w": t})
+    storage = b.clone()
+    live = {"w": storage.t() if transpose else storage}
+    if transpose:
+        delta = make_delta(tmp, {"w": b.t()}, {"w": t.t()})
+    wdelta.apply_inplace(live, delta)
+    assert live["w"].data_ptr() == storage.data_ptr()
+    assert np.array_equal(words(live["w"]), words(t.t() if transpose else t))
+    wdelta.apply_inplace(live, delta, reverse=True)
+    assert np.array_equal(words(live["w"]), words(b.t() if transpose else b))
+
+
+def test_wrong_base_changes_nothing(tmp_path: Path) -> None:
+    base = model(0)
+    delta = make_delta(tmp_path, base, step(base, 1))
+    live = {n: a.copy() for n, a in base.items()}
+    live["norm"][3] = 7.0
+    before = snapshot(live)
+    with pytest.raises(wdelta.BaseMismatchError):
+        wdelta.apply_inplace(live, delta)
+    assert snapshot(live) == before
+
+
+def test_wrong_structure_is_base_mismatch(tmp_path: Path) -> None:
+    base = model(0)
+    delta = make_delta(tmp_path, base, step(base, 1))
+    live = {n: a.copy() for n, a in base.items() if n != "norm"}
+    with pytest.raises(wdelta.BaseMismatchError):
+        wdelta.apply_inplace(live, delta)
+
+
+def _corrupt_last_blob(delta: Path) -> None:
+    """Flip a byte of the last blob in the file, so earlier chunks are written first."""
+    with open_delta(delta) as d:
+        chunks = [c for t in d.header.tensors for c in t.chunks if c.length]
+        last = max(chunks, key=lambda c: c.offset)
+        at = d.data_start + last.offset + last.length // 2
+    data = bytearray(delta.read_bytes())
+    data[at] ^= 0x40
+    delta.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("reversible", [True, False])
+def test_corrupted_blob_midway_restores_base(tmp_path: Path, reversible: bool) -> None:
+    """Chunks written before the corrupted one are undone: by the reverse transform,
+    or from the old words kept for ``full`` chunks (non-reversible deltas)."""
+    base = model(0)
+    # A constant target is cheapest stored as `full` chunks (when allowed).
+    target = step(base, 1) if reversible else {n: np.zeros_like(a) for n, a in base.items()}
+    delta = make_delta(tmp_path, base, target, reversible=reversible)
+    with open_delta(delta) as d:
+        encodings = {c.encoding for t in d.header.tensors for c in t.chunks}
+    assert ("full" in encodings) is not reversible
+    _corrupt_last_blob(delta)
+    live = {n: a.copy() for n, a in base.items()}
+    written: list[int] = []
+    original = tensors.NumpySlot.write
+
+    def spy(self: tensors.NumpySlot, start: int, w: Any) -> None:
+        written.append(start)
+        original(self, start, w)
+
+    tensors.NumpySlot.write = spy  # type: ignore[method-assign]
+    try:
+        with pytest.raises(wdelta.ChecksumMismatchError):
+            wdelta.apply_inplace(live, delta)
+    finally:
+        tensors.NumpySlot.write = original  # type: ignore[method-assign]
+    assert written, "the failure must come after some chunks were written"
+    assert snapshot(live) == snapshot(base)
+
+
+def test_failure_while_writing_restores_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception in the middle of the writes (here the 4th) leaves the base."""
+    base = {
+        "a": random_tensor(torch.bfloat16, (30, 20), 1),
+        "b": random_tensor(torch.float32, (9, 40), 2),
+    }
+    target = {n: stepped(t, 5, 0.3) for n, t in base.items()}
+    delta = make_delta(tmp_path, base, target)
+    live = {n: t.clone() for n, t in base.items()}
+    calls = 0
+    original = tensors.TorchSlot.write
+
+    def failing(self: tensors.TorchSlot, start: int, w: Any) -> None:
+        nonlocal calls
+        calls += 1
+        original(self, start, w)
+        if calls == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tensors.TorchSlot, "write", failing)
+    with pytest.raises(KeyboardInterrupt):
+        wdelta.apply_inplace(live, delta)
+    monkeypatch.undo()
+    assert snapshot(live) == snapshot(base)
+    wdelta.apply_inplace(live, delta)
+    assert snapshot(live) == snapshot(target)
+
+
+def test_output_digest_mismatch_restores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoded tensor that does not hash to its target digest rolls everything back."""
+    base = model(0)
+    delta = make_delta(tmp_path, base, step(base, 1, 0.3))
+    live = {n: a.copy() for n, a in base.items()}
+    from wdelta.encodings import chunk as chunk_codec
+
+    real = chunk_codec.decode
+
+    def wrong(*args: Any) -> Any:
+        out = real(*args)
+        out[0] ^= 1
+        return out
+
+    monkeypatch.setattr(chunk_codec, "decode", wrong)
+    with pytest.raises(wdelta.ChecksumMismatchError):
+        wdelta.apply_inplace(live, delta)
+    monkeypatch.setattr(chunk_codec, "decode", real)
+    assert snapshot(live) == snapshot(base)
+
+
+def test_added_and_removed_tensors_go_through_the_mapping(tmp_path: Path) -> None:
+    base = model(0)
+    target = step(base, 1)
+    del target["count"]
+    target["new"] = np.arange(100, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    delta = make_delta(tmp_path, base, target)
+    live = {n: a.copy() for n, a in base.items()}
+    wdelta.apply_inplace(live, delta)
+    assert snapshot(live) == snapshot(target)
+    assert live["new"].dtype == np.dtype(ml_dtypes.bfloat16)
+    wdelta.apply_inplace(live, delta, reverse=True)
+    assert snapshot(live) == snapshot(base)
+
+
+def test_added_tensor_is_torch_for_a_torch_mapping(tmp_path: Path) -> None:
+    base = {"a": random_tensor(torch.bfloat16, (8, 8), 1)}
+    target = {"a": stepped(base["a"], 2), "b": random_tensor(torch.float8_e4m3fn, (4, 4), 3)}
+    delta = make_delta(tmp_path, base, target)
+    live = {"a": base["a"].clone()}
+    wdelta.apply_inplace(live, delta)
+    assert live["b"].dtype == torch.float8_e4m3fn
+    assert snapshot(live) == snapshot(target)
+
+
+def test_tied_weights_are_updated_once(tmp_path: Path) -> None:
+    emb = random_tensor(torch.bfloat16, (16, 8), 1)
+    new = stepped(emb, 2, 0.2)
+    delta = make_delta(tmp_path, {"emb": emb, "head": emb}, {"emb": new, "head": new})
+    shared = emb.clone()
+    live = {"emb": shared, "head": shared}
+    wdelta.apply_inplace(live, delta)
+    assert np.array_equal(words(shared), words(new))
+
+
+def test_read_only_array_is_refused_untouched(tmp_path: Path) -> None:
+    base = model(0)
+    delta = make_delta(tmp_path, base, step(base, 1))
+    live = {n: a.copy() for n, a in base.items()}
+    live["emb"].flags.writeable = False
+    before = snapshot(live)
+    with pytest.raises(wdelta.BadArgumentError):
+        wdelta.apply_inplace(live, delta)
+    assert snapshot(live) == before
+
+
+def test_skipping_output_verification_still_applies(tmp_path: Path) -> None:
+    base = model(0)
+    target = step(base, 1)
+    delta = make_delta(tmp_path, base, target)
+    live = {n: a.copy() for n, a in base.items()}
+    wdelta.apply_inplace(live, delta, verify_output=False)
+    assert snapshot(live) == snapshot(target)
+
+
+def test_not_reversible_in_reverse_is_refused(tmp_path: Path) -> None:
+    base = model(0)
+    target = {n: np.zeros_like(a) for n, a in base.items()}
+    delta = make_delta(tmp_path, base, target, reversible=False)
+    live = {n: a.copy() for n, a in target.items()}
+    with pytest.raises(wdelta.NotReversibleError):
+        wdelta.apply_inplace(live, delta, reverse=True)
+    assert snapshot(live) == snapshot(target)
