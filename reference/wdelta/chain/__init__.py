@@ -13,6 +13,7 @@ Every failure is a :class:`wdelta.WdeltaError` with a stable category; the
 chain adds ``manifest-invalid``, ``chain-broken``, ``not-found`` and ``conflict``.
 """
 
+from .backoff import Backoff
 from .compose import compose, squash
 from .errors import (
     CHAIN_CATEGORIES,
@@ -39,6 +40,7 @@ from .store import Chain
 __all__ = [
     "CHAIN_CATEGORIES",
     "AppendOptions",
+    "Backoff",
     "Chain",
     "ChainBrokenError",
     "ConflictError",

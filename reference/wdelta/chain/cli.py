@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadArgumentError
+from ..errors import BadArgumentError, WdeltaError
 from . import ops
+from .backoff import Backoff
 from .checkstore import check_storage
 from .compose import squash
 from .manifest import Manifest
@@ -147,6 +148,11 @@ def _report(args: argparse.Namespace, r: PullResult) -> None:
     )
 
 
+def _retrying(exc: WdeltaError, delay: float) -> None:
+    """One line per failed poll of ``pull --follow`` (the node keeps its version)."""
+    print(f"pull failed: {exc.category}: {exc}; retrying in {delay:.1f} s", file=sys.stderr)
+
+
 def _cmd_pull(args: argparse.Namespace) -> int:
     local = Path(args.local)
     options: dict[str, Any] = {"tensors": args.tensors, "threads": args.threads}
@@ -162,6 +168,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             max_iterations=args.max_iterations,
             timeout=args.timeout,
             on_update=lambda r: _report(args, r),
+            on_error=_retrying,
+            backoff=Backoff(base=min(1.0, args.backoff_cap), cap=args.backoff_cap),
             **options,
         )
     return 0
@@ -306,6 +314,12 @@ def _register_readers(sub: Any) -> None:
     p.add_argument("--interval", type=float, default=10.0, help="seconds between polls (10)")
     p.add_argument("--max-iterations", type=int, default=None, help="stop after N polls")
     p.add_argument("--timeout", type=float, default=None, help="stop after S seconds")
+    p.add_argument(
+        "--backoff-cap",
+        type=float,
+        default=300.0,
+        help="longest wait in seconds between retries of a failing --follow poll (300)",
+    )
     p.set_defaults(func=_cmd_pull)
     p = sub.add_parser("check-storage", help="test a store against the storage contract (ST-1..3)")
     p.add_argument(
