@@ -33,6 +33,7 @@ from .errors import ChainBrokenError, NotFoundError
 from .fetch import check_link_header, fetch_link, materialize_snapshot
 from .local import digest_of_path, partial_marker, replace_checkpoint
 from .manifest import Manifest, Version
+from .partial_snapshot import extract_remote
 from .storage.base import Progress
 from .store import Chain, as_chain
 
@@ -103,6 +104,9 @@ class _Puller:
         if hop.snapshot is not None:
             if self.tensors is None:
                 return materialize_snapshot(self.chain, self.m, hop.snapshot, out, self.count)
+            storage, snap = self.chain.storage, hop.snapshot
+            if extract_remote(storage, self.m, snap, self.tensors, out, self.count):
+                return out
             full = work_dir(self.local) / f"{TMP_PREFIX}snapshot"
             shutil.rmtree(full, ignore_errors=True) if full.is_dir() else full.unlink(
                 missing_ok=True
