@@ -14,6 +14,7 @@ chain adds ``manifest-invalid``, ``chain-broken``, ``not-found`` and ``conflict`
 """
 
 from .backoff import Backoff
+from .cachegc import GcResult, gc_chain
 from .compose import compose, squash
 from .errors import (
     CHAIN_CATEGORIES,
@@ -44,6 +45,7 @@ __all__ = [
     "Chain",
     "ChainBrokenError",
     "ConflictError",
+    "GcResult",
     "Link",
     "LocalStorage",
     "Manifest",
@@ -59,6 +61,7 @@ __all__ = [
     "append",
     "compose",
     "follow",
+    "gc_chain",
     "init",
     "log_rows",
     "open_storage",

@@ -27,7 +27,7 @@ from .. import api
 from ..arguments import PathLike, as_path, check_optional_int, check_seconds
 from ..atomic import TMP_PREFIX
 from ..errors import BadArgumentError, DeltaFormatError, WdeltaError
-from . import graph, partial
+from . import cachegc, graph, partial
 from .backoff import Backoff
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import check_link_header, fetch_link, materialize_snapshot
@@ -161,7 +161,14 @@ def _plan(p: _Puller, starts: dict[int, Path], goal: Version) -> tuple[int, list
 def _run(p: _Puller, goal: Version, assume: str | None) -> PullResult:
     starts = p.starts(assume)
     start, hops = _plan(p, starts, goal)
-    current = starts.get(start)
+    assert p.chain.cache is not None
+    with cachegc.pin(p.chain.cache, {d for hop in hops for d in hop_files(hop)}):
+        return _apply_plan(p, goal, hops, starts.get(start))
+
+
+def _apply_plan(
+    p: _Puller, goal: Version, hops: list[graph.Hop], current: Path | None
+) -> PullResult:
     for hop in hops:
         try:
             produced = p.hop(hop, current)
@@ -181,7 +188,7 @@ def _run(p: _Puller, goal: Version, assume: str | None) -> PullResult:
 def pull(
     chain: Chain | PathLike, local: PathLike, *, to: str | int = "head", tensors: str | None = None,
     progress: Progress | None = None, threads: int = 2, assume: str | None = None,
-    avoid: set[str] | None = None,
+    avoid: set[str] | None = None, cache_max_bytes: int | None = None,
 ) -> PullResult:  # fmt: skip
     """Bring ``local`` to version ``to``; ``tensors`` selects a partial pull.
 
@@ -192,11 +199,13 @@ def pull(
     planned again.  Without a cache on ``chain``, ``.wdelta-cache`` beside
     ``local`` is used.  ``avoid``: digests of files to route around when
     another path exists; the pull adds to it every file that fails
-    verification (``follow`` keeps one across its polls).
+    verification (``follow`` keeps one across its polls).  ``cache_max_bytes``:
+    after the pull, the cache is garbage-collected (cachegc.gc) down to that size.
     """
     chain, local = as_chain(chain), as_path(local, "local")
     if tensors is not None and not isinstance(tensors, str):
         raise BadArgumentError(f"tensors must be a str of patterns, not {type(tensors).__name__}")
+    check_optional_int(cache_max_bytes, "cache_max_bytes", 0)
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
     for attempt in range(_REPLANS):
@@ -205,10 +214,14 @@ def pull(
             chain, m, local, tensors, progress, threads, avoid if avoid is not None else set()
         )
         try:
-            return _run(p, m.version(to), assume)
+            result = _run(p, m.version(to), assume)
         except NotFoundError:
             if attempt == _REPLANS - 1 or chain.revisions()[-1] == m.revision:
                 raise
+            continue
+        if cache_max_bytes is not None:
+            cachegc.gc(chain.cache, m, cache_max_bytes)
+        return result
     raise AssertionError("unreachable")
 
 
