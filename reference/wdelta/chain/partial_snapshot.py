@@ -23,7 +23,7 @@ from ..checkpoint.safetensors_header import MAX_HEADER_BYTES, build_header, pars
 from ..checkpoint.safetensors_header import TensorLayout as Layout
 from ..decoder import init_file
 from ..digest import TensorIdentity, checkpoint_digest, new_hasher
-from ..errors import ChecksumMismatchError
+from ..errors import ChecksumMismatchError, WdeltaError
 from ..output_file import pwrite_all
 from .errors import ChainBrokenError
 from .fetch import check_link_header
@@ -39,11 +39,17 @@ def proven_tensors(
     """Version ``version``'s tensors from a link header whose list hashes to its digest.
 
     Links touching the version are tried smallest first; None if none proves it.
+    A link whose header is damaged proves nothing: the next one is tried (the
+    whole-snapshot fallback is checked by its own digest; a pull that needs the
+    damaged link reports it).
     """
     links = sorted((k for k in m.links if version in (k.source, k.target)), key=lambda k: k.size)
     for link in links:
-        header, _ = read_remote_header(storage, link, progress)
-        check_link_header(m, link, header)
+        try:
+            header, _ = read_remote_header(storage, link, progress)
+            check_link_header(m, link, header)
+        except WdeltaError:
+            continue
         side = "target" if link.target == version else "base"
         ids = {}
         for t in header.side_tensors(side):
