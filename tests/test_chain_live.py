@@ -54,7 +54,7 @@ def test_publish_digest_is_the_files_digest(tmp_path: Path, on_disk: bool) -> No
         m = pub.publish(s, step=k)
         save_file(s, str(tmp_path / f"s{k}.safetensors"))
         a, b = tmp_path / f"s{k - 1}.safetensors", tmp_path / f"s{k}.safetensors"
-        wdelta.diff(a, b, tmp_path / "files.wdelta")
+        wdelta.diff(a, b, tmp_path / "files.wdelta", overwrite=True)
         with wdelta.open_delta(tmp_path / "files.wdelta") as d:
             assert m.head.digest == d.header.raw["target"]["digest"]
         assert m.head.step == k and len(m.links) == k

@@ -14,6 +14,7 @@ only then moved to ``<cache>/objects/<digest>``: a cached file is verified.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -31,6 +32,7 @@ from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
 
 PUBLISH_ATTEMPTS = 50
+_GIVE_CACHE = "open the chain as chain.Chain(LOCATION, cache=FOLDER)"
 _HASH_BLOCK = 1 << 22
 
 
@@ -153,11 +155,11 @@ class Chain:
     ) -> Path:  # fmt: skip
         """A verified local copy of ``key`` (from the cache, else downloaded into it)."""
         if self.cache is None:
-            raise StorageError(
-                "a cache folder is needed to download files: chain.Chain(LOCATION, cache=FOLDER)"
-            )
+            raise StorageError(f"a cache folder is needed to download files: {_GIVE_CACHE}")
         done = self.cached_path(digest)
         if done is not None:
+            with contextlib.suppress(OSError):
+                os.utime(done)  # last use, for the cache's least-recently-used order
             return done
         for sub in ("partial", "objects"):
             (self.cache / sub).mkdir(parents=True, exist_ok=True)
@@ -173,7 +175,7 @@ class Chain:
     def scratch(self) -> Path:
         """The folder for temporary files (atomic.temp_dir): the cache folder."""
         if self.cache is None:
-            raise StorageError("a cache folder is needed")
+            raise StorageError(f"a cache folder is needed: {_GIVE_CACHE}")
         self.cache.mkdir(parents=True, exist_ok=True)
         return self.cache
 
