@@ -33,7 +33,7 @@ from wdelta.conformance import (
     select,
 )
 from wdelta.conformance.impl import Outcome, category_of
-from wdelta.conformance.manifest import PROFILES
+from wdelta.conformance.manifest import CHAIN_CATEGORIES, PROFILES
 from wdelta.conformance.writer import header_text_violations
 from wdelta.errors import CATEGORIES, BadArgumentError, WdeltaError
 
@@ -88,7 +88,7 @@ def _broken(
 def test_manifest_lists_exactly_the_vector_files(manifest: Manifest) -> None:
     listed: set[Path] = set()
     for case in manifest.cases:
-        assert case.outcome == "valid" or case.category in CATEGORIES
+        assert case.outcome == "valid" or case.category in CATEGORIES + CHAIN_CATEGORIES
         for item in case.inputs.values():
             base = VECTORS / item.path
             listed |= {base if name == "." else base / name for name in item.files}
@@ -122,10 +122,13 @@ REFERENCE_CLI = Templates({
     "decoder": f"{PYTHON} -m wdelta apply -q {{base}} {{delta}} -o {{out}}",
     "reverse": f"{PYTHON} -m wdelta apply -q --reverse {{target}} {{delta}} -o {{out}}",
     "encoder": f"{PYTHON} -m wdelta diff -q {{base}} {{target}} -o {{out}}",
+    "manifest": f"{PYTHON} -m wdelta chain check -q {{manifest}}",
+    "manifest-store": f"{PYTHON} -m wdelta chain check -q {{manifest}} --store {{store}}",
 })  # fmt: skip
 SAMPLE = ["*/valid/host", "*/valid/layout/sharded", "*/invalid/bitmap-trailing-bit",
           "decoder/base-mismatch/missing-tensor", "reverse/not-reversible/full-chunks",
-          "encoder/sharded", "encoder/invalid/target-dtype-f4"]  # fmt: skip
+          "encoder/sharded", "encoder/invalid/target-dtype-f4", "manifest/valid/typical",
+          "manifest/invalid/unreachable", "manifest/store/delta-missing"]  # fmt: skip
 
 
 def test_reference_cli_passes_through_templates(manifest: Manifest, scratch: Path) -> None:
@@ -421,3 +424,42 @@ def test_docs_give_the_suite_case_counts(manifest: Manifest) -> None:
     for profile in PROFILES:
         count = sum(c.profile == profile for c in manifest.cases)
         assert f"| `{profile}` | {count} |" in suite_doc, profile
+
+
+READERS = Path(__file__).with_name("broken_manifest_reader.py")
+# mode -> (cases it must fail, cases it must pass)
+BROKEN_READER_CASES = {
+    "plain-json": (["manifest/invalid/duplicate-key",
+                    "manifest/invalid/lone-surrogate", "manifest/invalid/nesting-65"],
+                   ["manifest/valid/typical", "manifest/invalid/unreachable"]),
+    "no-reachability": (["manifest/invalid/unreachable",
+                         "manifest/invalid/unreachable-irreversible"],
+                        ["manifest/valid/large", "manifest/invalid/link-dangling"]),
+    "skip-missing": (["manifest/store/delta-missing", "manifest/store/snapshot-missing"],
+                     ["manifest/store/valid", "manifest/store/delta-corrupted"]),
+}  # fmt: skip
+
+
+def _reader(mode: str) -> Templates:
+    tool = f"{PYTHON} {shlex.quote(str(READERS))} {mode}"
+    return Templates({"manifest": f"{tool} {{manifest}}",
+                      "manifest-store": f"{tool} {{manifest}} --store {{store}}"})  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", sorted(BROKEN_READER_CASES))
+def test_broken_manifest_reader_is_caught(mode: str, manifest: Manifest, scratch: Path) -> None:
+    must_fail, must_pass = BROKEN_READER_CASES[mode]
+    results = _run(manifest, must_fail + must_pass, _reader(mode), scratch, strict=True)
+    failed = {i for i, r in results.items() if r.status == "fail"}
+    assert failed == set(must_fail), {i: results[i].message for i in failed ^ set(must_fail)}
+    assert all("accepted an invalid input" in results[i].message for i in must_fail)
+
+
+def test_storage_cases_need_the_store_template(manifest: Manifest, scratch: Path) -> None:
+    only = Templates({"manifest": _reader("faithful").templates["manifest"]})
+    results = _run(manifest, ["manifest/store/valid", "manifest/valid/minimal"], only, scratch)
+    assert results["manifest/store/valid"].status == "not-tested"
+    assert results["manifest/store/valid"].message == "the template has no {store}"
+    assert results["manifest/valid/minimal"].status == "pass"
+    with pytest.raises(BadArgumentError, match=r"lacks \{store\}"):
+        Templates({"manifest-store": "tool check {manifest}"})

@@ -86,7 +86,7 @@ def test_torch_in_place_round_trip(
     storage = b.clone()
     live = {"w": storage.t() if transpose else storage}
     if transpose:
-        delta = make_delta(tmp, {"w": b.t()}, {"w": t.t()})
+        delta = make_delta(tmp_path_factory.mktemp("ip"), {"w": b.t()}, {"w": t.t()})
     wdelta.apply_inplace(live, delta)
     assert live["w"].data_ptr() == storage.data_ptr()
     assert np.array_equal(words(live["w"]), words(t.t() if transpose else t))

@@ -330,7 +330,7 @@ INPUT_RULE = ("a malformed input checkpoint → checkpoint-invalid (unsupported 
               "unsupported-feature, §5.3); nothing is written")  # fmt: skip
 
 
-def _folder(suite: Suite, name: str, files: dict[str, bytes]) -> str:
+def register_folder(suite: Suite, name: str, files: dict[str, bytes]) -> str:
     """Register a (malformed) folder input file by file."""
     for fname, data in files.items():
         suite.blob(f"ckpt/{name}/{fname}", data)
@@ -349,7 +349,7 @@ def _add_invalid_inputs(suite: Suite) -> None:
         suite.add(f"encoder/invalid/{name}", "encoder", what, "§10.3", INPUT_RULE,
                   {"base": base, "target": path}, invalid(category))  # fmt: skip
     for name, (files, category, what) in BROKEN_FOLDERS.items():
-        path = _folder(suite, f"enc-{name}", files)
+        path = register_folder(suite, f"enc-{name}", files)
         suite.add(f"encoder/invalid/{name}", "encoder", what, "§10.3", INPUT_RULE,
                   {"base": base, "target": path}, invalid(category))  # fmt: skip
     bad_base = suite.blob("ckpt/enc-base-truncated.safetensors", suite.files[base][:-1])

@@ -101,6 +101,12 @@ JSON_CASES: list[tuple[str, Mutation, str, str]] = [
      "an integer field written with a fraction", "chunk_elements: 256.0"),
     ("json-integer-exponent", hook(_replace(b'"chunk_elements":256', b'"chunk_elements":2.56e2')),
      "an integer field written with an exponent", "chunk_elements: 2.56e2"),
+    ("json-version-fraction", hook(_replace(b'"version":1', b'"version":1.0')),
+     "an integer field written with a fraction, version included (§4.1 is step 1 of §4.2, "
+     "before the version is read)", "version: 1.0"),
+    ("json-version-exponent", hook(_replace(b'"version":1', b'"version":1e0')),
+     "an integer field written with an exponent, version included (§4.1 is step 1 of §4.2)",
+     "version: 1e0"),
 ]  # fmt: skip
 
 SCHEMA_CASES: list[tuple[str, Mutation, str]] = [
@@ -139,6 +145,7 @@ VERSION_CASES: list[tuple[str, Mutation, str]] = [
     ("header-version-2", on_doc(setter("version", 2)), "header version 2 in a version-1 file"),
     ("header-version-missing", on_doc(dropper("version")), "no version member"),
     ("header-version-string", on_doc(setter("version", "1")), 'version: "1"'),
+    ("header-version-true", on_doc(setter("version", True)), "version: true"),
 ]
 
 

@@ -19,7 +19,7 @@ from .checkpoints import Checkpoint
 
 MANIFEST_VERSION = CONFORMANCE_SUITE_VERSION
 FORMAT_VERSION = 1
-PROFILES = ("reader", "decoder", "reverse", "encoder")
+PROFILES = ("reader", "decoder", "reverse", "encoder", "manifest")
 
 
 def sha256(data: bytes) -> str:
@@ -81,7 +81,7 @@ class Suite:
         }  # fmt: skip
         if profile == "encoder":
             case["out"] = "out.wdelta"
-        elif profile != "reader":
+        elif profile not in ("reader", "manifest"):
             folder = expect.get("output", {}).get("layout") == "folder"
             case["out"] = out or ("out" if folder else "out.safetensors")
         self.cases.append(case)

@@ -190,6 +190,16 @@ def verify(
     return m
 
 
+def check_files(chain: Chain, m: Manifest) -> None:
+    """Every file ``m`` lists: stored (RD-3 not-found), digest and size (checksum-mismatch),
+    delta headers and snapshot checkpoints against their versions (RD-2 chain-broken)."""
+    for link in m.links:
+        api.verify(fetch_link(chain, m, link))
+    with tempfile.TemporaryDirectory(prefix="wdelta-check-", dir=chain.scratch()) as tmp:
+        for snap in m.snapshots:
+            materialize_snapshot(chain, m, snap, Path(tmp) / f"v{snap.version}")
+
+
 def _verify_deep(chain: Chain, m: Manifest, tmp: Path) -> None:
     built = {s.version: tmp / f"v{s.version}" for s in m.snapshots}
     pending = list(m.links)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import BadArgumentError, WdeltaError
+from ..terminal import printable
 from . import report
 from .impl import Implementation, Reference, Templates
-from .manifest import PROFILES, default_vectors, load
+from .manifest import default_vectors, load
 from .runner import Options, Result, run_all, select
 
 TEMPLATE_OPTIONS = (
@@ -26,13 +27,15 @@ TEMPLATE_OPTIONS = (
     ("decoder", "--decoder", "'tool apply {base} {delta} {out}'"),
     ("reverse", "--reverse-decoder", "'tool apply --reverse {target} {delta} {out}'"),
     ("encoder", "--encoder", "'tool diff {base} {target} {out}'"),
+    ("manifest", "--manifest", "'tool check {manifest}'"),
+    ("manifest-store", "--manifest-store", "'tool check {manifest} --store {store}'"),
 )
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``conformance run``."""
     for profile, flag, example in TEMPLATE_OPTIONS:
-        p.add_argument(flag, dest=profile, metavar="TEMPLATE",
+        p.add_argument(flag, dest=profile.replace("-", "_"), metavar="TEMPLATE",
                        help=f"command for the {profile} profile, e.g. {example}")  # fmt: skip
     p.add_argument(
         "--vectors",
@@ -78,8 +81,9 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
 
 
 def _implementation(args: argparse.Namespace) -> tuple[Implementation, dict[str, Any]]:
-    templates = {p: getattr(args, p) for p in PROFILES if getattr(args, p)}
-    described: dict[str, Any] = {"templates": {p: templates.get(p) for p in PROFILES}}
+    given = {p: getattr(args, p.replace("-", "_")) for p, _, _ in TEMPLATE_OPTIONS}
+    templates = {p: t for p, t in given.items() if t}
+    described: dict[str, Any] = {"templates": given}
     if not templates:
         return Reference(), {"kind": "reference", **described}
     return Templates(templates), {"kind": "templates", **described}
@@ -91,7 +95,7 @@ def _printer(verbose: bool) -> Any:
     def show(r: Result) -> None:
         if verbose:
             with lock:
-                print(f"{r.status:10} {r.case.id}  {r.message}", flush=True)
+                print(printable(f"{r.status:10} {r.case.id}  {r.message}"), flush=True)
 
     return show
 
@@ -136,6 +140,6 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     try:
         status = run_command(parser.parse_args(argv))
     except WdeltaError as exc:
-        print(f"error: {exc.category}: {exc}", file=sys.stderr)
+        print(printable(f"error: {exc.category}: {exc}"), file=sys.stderr)
         status = 2
     sys.exit(status)

@@ -18,13 +18,20 @@ from .. import schemas
 from ..arguments import as_path
 from ..errors import BadArgumentError
 
-PROFILES = ("reader", "decoder", "reverse", "encoder")
+PROFILES = ("reader", "decoder", "reverse", "encoder", "manifest")
+# Placeholders every template of a profile must hold; manifest cases that need
+# storage add ``{store}`` (a chain root), tested only when the template has it.
 ROLES = {
     "reader": ("delta",),
     "decoder": ("base", "delta", "out"),
     "reverse": ("target", "delta", "out"),
     "encoder": ("base", "target", "out"),
+    "manifest": ("manifest",),
 }
+# The manifest cases that need storage run with a template of their own.
+STORE_TEMPLATE = "manifest-store"
+TEMPLATE_ROLES = {**ROLES, STORE_TEMPLATE: ("manifest", "store")}
+CHAIN_CATEGORIES = ("manifest-invalid", "chain-broken", "not-found", "conflict")
 _HERE = Path(__file__).resolve().parent
 # An installed wheel carries the vectors inside the package; a source checkout
 # keeps them at the repository's top level.
