@@ -154,11 +154,17 @@ def load(
 
     ``tensors`` selects by pattern (a partial pull: only those byte ranges);
     ``device`` None gives NumPy arrays, else torch tensors on that device.
+    Without a cache on ``chain`` the downloads go to a temporary one, removed
+    afterwards (``chain.cache`` stays None).
     """
     chain = as_chain(chain)
+    cache = chain.cache
     with tempfile.TemporaryDirectory(prefix="wdelta-load-") as tmp:
         local = Path(tmp) / "model.safetensors"
-        result = pull(chain, local, to=to, tensors=tensors)
+        try:
+            result = pull(chain, local, to=to, tensors=tensors)
+        finally:
+            chain.cache = cache  # pull points a missing cache into ``tmp``
         return _load_all(local, tensors, device), result.version
 
 
