@@ -3,7 +3,7 @@
 Failures are injected in-process (the decoder's output sink, the encoder's
 chunk coder, the disk writes) after some work has already been written; the
 destination must then be absent (or, if it existed, unchanged), no
-``.wdelta-tmp-*`` file or folder may remain, and the inputs are untouched.
+``.*.wdelta-tmp-*`` file or folder may remain, and the inputs are untouched.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,14 @@ def test_real_peer_table_end_to_end(tmp_path: Path) -> None:
     assert [n for _, n in compaction] == sorted((n for _, n in compaction), reverse=True)
     assert "### Targets (issue 15)" in run.stdout and "real fp8 lr1e-05: scale" in run.stdout
     assert out.with_suffix(".png").stat().st_size > 10_000
+
+    scales = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "scales.py"), fp8["base"], fp8["target"]],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert scales.returncode == 0, scales.stderr
+    rows = [re.match(r"(.*?) +([\d,]+) bytes", line) for line in scales.stdout.splitlines()]
+    found = {m[1]: float(m[2].replace(",", "")) for m in rows if m}
+    assert found["encoder's choice"] == fp8["wdelta"]["scale_bytes"]
+    assert found["information bound"] == pytest.approx(fp8["bound"]["scale_bytes"], abs=1)
+    assert found["encoder's choice"] <= found["dense xor, zstd 3"]

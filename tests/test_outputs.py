@@ -122,6 +122,12 @@ _INPUT_CASES: list[tuple[str, Callable[[Work, Path], list[object]]]] = [
     ("apply-o-dash", lambda w, s: ["apply", w.base, w.delta, "-o", "-"]),
     ("diff-o-dev-null", lambda w, s: ["diff", w.base, w.target, "-o", "/dev/null", "-f"]),
     ("apply-o-fifo", lambda w, s: ["apply", w.base, w.delta, "-o", _fifo(s / "p"), "-f"]),
+    # Standard output is a pipe here: /dev/stdout resolves to a FIFO.
+    ("apply-o-dev-stdout", lambda w, s: ["apply", w.base, w.delta, "-o", "/dev/stdout", "-f"]),
+    (
+        "diff-o-symlink-elsewhere",
+        lambda w, s: ["diff", w.base, w.target, "-o", _link("symlink", s / "x", s / "l"), "-f"],
+    ),
 ]
 
 
@@ -131,7 +137,8 @@ def _fifo(path: Path) -> Path:
 
 
 _WHY = {"apply-o-dash": "standard output", "diff-o-dev-null": "regular file",
-        "apply-o-fifo": "regular file"}  # fmt: skip
+        "apply-o-fifo": "regular file", "apply-o-dev-stdout": "regular file",
+        "diff-o-symlink-elsewhere": "symlink"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -225,3 +232,15 @@ def test_pull_refuses_a_local_path_inside_the_chain_folder(work: Work, tmp_path:
         assert_error(result, "bad-argument")
         assert ("chain folder" if local != "-" else "standard output") in result.stderr
     assert tree_hashes(chain) == before
+
+
+def test_symlink_to_a_file_is_not_replaced_even_with_force(work: Work, tmp_path: Path) -> None:
+    """As /dev/stdout when standard output is a file: renaming over the link would
+    replace the link, not the file, so it is refused (tested on a link of our own)."""
+    (tmp_path / "file").write_bytes(b"mine")
+    link = _link("symlink", tmp_path / "file", tmp_path / "link")
+    result = run("apply", work.base, work.delta, "-o", link, "-f")
+    assert_error(result, "bad-argument")
+    assert "symlink" in result.stderr
+    assert link.is_symlink() and (tmp_path / "file").read_bytes() == b"mine"
+    assert sorted(os.listdir(tmp_path)) == ["file", "link"]

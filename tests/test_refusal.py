@@ -1,7 +1,7 @@
 """Refusals: wrong base, truncated or corrupted delta files.
 
 Every refusal must be a WdeltaError with the right category, leave nothing at
-the destination (no output, no ``.wdelta-tmp-*`` file) and leave the inputs
+the destination (no output, no ``.*.wdelta-tmp-*`` file) and leave the inputs
 byte-identical.  Truncation is tried at every offset, single-byte corruption at
 every offset, and Hypothesis picks further positions, masks and cuts.
 """

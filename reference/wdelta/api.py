@@ -58,8 +58,8 @@ def _storage_errors(func: F) -> F:
 
 
 def _paths(**sources: object) -> list[Path]:
-    """The sources given as paths (not arrays or open checkpoints), checked by as_path."""
-    return [as_path(s, what) for what, s in sources.items() if is_path(s)]
+    """The sources given as paths (not arrays or open checkpoints), by argument name."""
+    return [as_path(value, name) for name, value in sources.items() if is_path(value)]
 
 
 @contextlib.contextmanager
@@ -121,9 +121,9 @@ def diff(
     chunks = check_optional_int(chunk_elements, "chunk_elements", 1, MAX_CHUNK_ELEMENTS)
     threads = _check_options(threads, progress)
     opts = DiffOptions(level, threads, chunks or DiffOptions.chunk_elements, bool(reversible))
-    check_output(path, _paths(base=base, target=target), overwrite=overwrite)
+    check_output(path, _paths(base=base, target=target), overwrite=bool(overwrite))
     with _checkpoint(base, "base") as b, _checkpoint(target, "target") as t:
-        return diff_checkpoints(b, t, path, opts, progress, overwrite=overwrite)
+        return diff_checkpoints(b, t, path, opts, progress, overwrite=bool(overwrite))
 
 
 def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
@@ -205,7 +205,7 @@ def apply(
     path = None if out is None else as_path(out, "out")
     delta_path = as_path(delta, "delta")
     if path is not None:
-        check_output(path, _paths(base=base, delta=delta_path), overwrite=overwrite)
+        check_output(path, _paths(base=base, delta=delta_path), overwrite=bool(overwrite))
     with (
         open_delta(delta_path) as d,
         _checkpoint(base, "base") as ckpt,
@@ -216,7 +216,7 @@ def apply(
         if path is None:
             device = tensors.torch_device(base)
             return _apply_to_arrays(d, ckpt, steps, threads, progress, device)
-        _apply_to_files(d, ckpt, steps, path, threads, progress, reverse, overwrite)
+        _apply_to_files(d, ckpt, steps, path, threads, progress, reverse, bool(overwrite))
         return path
 
 

@@ -4,7 +4,8 @@ An output must not be, or resolve to, one of the command's inputs: the same
 path, a symlink to it, another hard link of the same file, a file inside an
 input folder (a sharded checkpoint), or a folder holding an input.  It must
 not be ``-`` (outputs are written under a temporary name and renamed, which
-standard output cannot be) nor an existing device, FIFO or socket.  An
+standard output cannot be), an existing device, FIFO or socket, nor a symlink
+(renaming over it would replace the link, not the file it names).  An
 existing output is refused unless the caller passes ``overwrite`` (``--force``);
 an empty folder counts as absent.  All of these are ``bad-argument``.
 """
@@ -86,6 +87,12 @@ def check_output(out: Path, inputs: Iterable[Path], *, overwrite: bool) -> None:
     """Refuse ``out`` (BadArgumentError) for any reason of the module doc."""
     check_kind(out)
     _check_inputs(out, list(inputs))
+    if out.is_symlink():
+        # The rename would replace the link itself (/dev/stdout, say), not what it names.
+        raise BadArgumentError(
+            f"{out} is a symlink: wdelta replaces the path itself, not the file it points "
+            "to; give the real path (or remove the link)"
+        )
     if overwrite or not os.path.lexists(out):
         return
     if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):

@@ -8,8 +8,10 @@ at the output side:
    (``base-mismatch``), output tensors must be writable (``bad-argument``);
 2. every input tensor is hashed against its digest before any byte changes;
 3. chunks are decoded on a thread pool (scratch: a few chunks) and written
-   back in place in order, each one journalled; every output tensor is hashed
-   against its digest as it completes (``verify_output=False`` skips this);
+   back in place in order, each one journalled (a ``sparse`` chunk gathers and
+   scatters its changed words only); every output tensor is hashed from
+   memory against its digest as it completes (``verify_output=False`` skips
+   this);
 4. on any failure the journal is undone newest first: a ``sparse`` or
    ``dense`` chunk by decoding its blob in the other direction over the
    written words (the transforms are bijections, SPEC §6), a ``full`` chunk
@@ -37,7 +39,13 @@ from .checkpoint.source import Words
 from .container import DeltaFile, open_delta
 from .digest import new_hasher
 from .encodings import chunk as chunk_codec
-from .errors import BadArgumentError, BaseMismatchError, ChecksumMismatchError
+from .encodings import sparse, transform
+from .errors import (
+    BadArgumentError,
+    BaseMismatchError,
+    ChecksumMismatchError,
+    EncodingInvalidError,
+)
 from .pipeline import ordered_map
 from .tensors import Select, Slot, selector
 
@@ -122,62 +130,75 @@ def _tasks(
             yield _Task(step, slots[step.entry.name], i, start, min(chunk_elements, n - start))
 
 
-def _decode(delta: DeltaFile, task: _Task, reverse: bool) -> tuple[_Task, Words, Words | None]:
-    """(task, output words, old words to keep for undo or None)."""
+@dataclass(frozen=True)
+class _Decoded:
+    """A chunk's new words: at ``index`` (element indices of the tensor) when sparse,
+    else the whole chunk; ``old`` the words to restore on undo (``full`` chunks)."""
+
+    task: _Task
+    words: Words | None
+    index: np.ndarray[Any, Any] | None = None
+    old: Words | None = None
+
+
+def _decode(delta: DeltaFile, task: _Task, reverse: bool) -> _Decoded:
+    """A sparse chunk touches only its changed words (gathered, transformed, scattered
+    back by the caller); other encodings rebuild the whole chunk."""
     chunk = task.step.chunk(task.index)
+    word = task.step.entry.dtype.word
+    if chunk.encoding == "unchanged":
+        return _Decoded(task, None)
+    payload = delta.payload(chunk)
+    if chunk.encoding == "sparse" and task.slot.gathers:
+        assert chunk.transform is not None
+        pos, values = sparse.decode(payload, task.count, word)
+        if len(pos) != chunk.changed:
+            raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header "
+                                       f"{chunk.changed}")  # fmt: skip
+        index = pos.astype(np.intp) + task.start
+        invert = transform.to_base if reverse else transform.to_target
+        return _Decoded(task, invert(chunk.transform, task.slot.gather(index), values), index)
     source = task.slot.read(task.start, task.count)
     if chunk.encoding == "full":
-        full = np.frombuffer(delta.payload(chunk), task.step.entry.dtype.word, task.count)
-        return task, full, source
-    if chunk.encoding == "unchanged":
-        assert source is not None
-        return task, source, None
+        return _Decoded(task, np.frombuffer(payload, word, task.count), old=source)
     out = chunk_codec.decode(
-        chunk.encoding, chunk.transform, delta.payload(chunk), source, task.count,
-        task.step.entry.dtype.word, reverse, chunk.changed,
+        chunk.encoding, chunk.transform, payload, source, task.count, word, reverse,
+        chunk.changed,
     )  # fmt: skip
-    return task, out, None
+    return _Decoded(task, out)
 
 
-@dataclass
-class _Outputs:
-    """Output digests of the tensors being written, fed chunk by chunk in order."""
-
-    verify: bool
-    hashers: dict[str, Any] = field(default_factory=dict)
-
-    def feed(self, task: _Task, words: Words) -> None:
-        if not self.verify:
-            return
-        name = task.step.entry.name
-        hasher = self.hashers.setdefault(name, new_hasher(1))
-        hasher.update(words.data.cast("B"))
-        if task.start + task.count == task.step.entry.elements:
-            digest = str(self.hashers.pop(name).hexdigest())
-            if digest != task.step.dst_digest:
-                raise ChecksumMismatchError(
-                    f"tensor {name!r}: decoded bytes do not match its digest"
-                )
+def _check_output(slot: Slot, step: decoder.Step) -> None:
+    """The tensor as now stored must hash to the step's output digest."""
+    slot.invalidate()
+    if slot.digest() != step.dst_digest:
+        raise ChecksumMismatchError(f"tensor {step.entry.name!r}: decoded bytes do not match")
 
 
 def _update(
     delta: DeltaFile, steps: list[decoder.Step], slots: dict[str, Slot], journal: _Journal,
     threads: int, verify: bool,
 ) -> None:  # fmt: skip
-    """Write every modified tensor in place, journalling each chunk."""
-    outputs = _Outputs(verify)
-    tasks = _tasks([s for s in steps if _writes(s)], slots, delta.header.chunk_elements)
+    """Write every modified tensor in place, journalling each chunk; with ``verify``
+    each tensor is hashed from memory once its last chunk is written."""
+    writes = [s for s in steps if _writes(s)]
+    tasks = _tasks(writes, slots, delta.header.chunk_elements)
     # Closed on error, so that no worker still reads while the journal is undone.
     decoded = ordered_map(lambda t: _decode(delta, t, journal.reverse), tasks, threads)
     with contextlib.closing(decoded):
-        for task, words, old in decoded:
-            if task.step.chunk(task.index).encoding != "unchanged":
-                journal.done.append((task, old))
-                task.slot.write(task.start, words)
-            outputs.feed(task, words)
-    for step in steps:
-        if _writes(step) and step.entry.elements == 0:
-            outputs.feed(_Task(step, slots[step.entry.name], 0, 0, 0), np.empty(0, np.uint8))
+        for done in decoded:
+            task = done.task
+            if done.words is not None:
+                journal.done.append((task, done.old))
+                if done.index is not None:
+                    task.slot.scatter(done.index, done.words)
+                else:
+                    task.slot.write(task.start, done.words)
+            if verify and task.start + task.count == task.step.entry.elements:
+                _check_output(task.slot, task.step)
+    for step in writes:
+        if verify and step.entry.elements == 0:
+            _check_output(slots[step.entry.name], step)
 
 
 def _build_added(

@@ -15,6 +15,8 @@ Every failure is a :class:`wdelta.WdeltaError` with a stable category; the
 chain adds ``manifest-invalid``, ``chain-broken``, ``not-found`` and ``conflict``.
 """
 
+from .backoff import Backoff
+from .cachegc import GcResult, gc_chain
 from .compose import compose, squash
 from .errors import (
     CHAIN_CATEGORIES,
@@ -42,9 +44,11 @@ from .store import Chain
 __all__ = [
     "CHAIN_CATEGORIES",
     "AppendOptions",
+    "Backoff",
     "Chain",
     "ChainBrokenError",
     "ConflictError",
+    "GcResult",
     "Link",
     "LocalStorage",
     "Manifest",
@@ -63,6 +67,7 @@ __all__ = [
     "compose",
     "follow",
     "follow_weights",
+    "gc_chain",
     "init",
     "load",
     "log_rows",

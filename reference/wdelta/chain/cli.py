@@ -1,4 +1,5 @@
-"""``wdelta chain ...``: init, append, log, verify, check, pull, squash, prune, check-storage.
+"""``wdelta chain ...``: init, append, log, verify, check, pull, squash, prune, gc,
+check-storage.
 
 ``register(subparsers, help)`` adds the ``chain`` command to the main parser; each
 subcommand's ``func`` returns the exit status and lets WdeltaError propagate
@@ -18,8 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import temp_dir
-from ..errors import BadArgumentError
+from ..errors import BadArgumentError, WdeltaError
+from ..terminal import printable
 from . import ops
+from .backoff import Backoff
+from .cachegc import gc_chain
 from .checkstore import check_storage
 from .compose import squash
 from .manifest import Manifest, read_manifest
@@ -69,7 +73,7 @@ def _metadata(pairs: list[str]) -> dict[str, str]:
 
 def _say(args: argparse.Namespace, text: str) -> None:
     if not args.quiet:
-        print(text)
+        print(printable(text))
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -120,7 +124,7 @@ def _format_log(m: Manifest) -> str:
             f"{row['number']:>7} {step:>8} {row['digest'][:16]:16} "
             f"{row['time'] or '-':20} {snap:>12} {links}"
         )
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def _cmd_log(args: argparse.Namespace) -> int:
@@ -160,9 +164,15 @@ def _report(args: argparse.Namespace, r: PullResult) -> None:
     )
 
 
+def _retrying(exc: WdeltaError, delay: float) -> None:
+    """One line per failed poll of ``pull --follow`` (the node keeps its version)."""
+    print(f"pull failed: {exc.category}: {exc}; retrying in {delay:.1f} s", file=sys.stderr)
+
+
 def _cmd_pull(args: argparse.Namespace) -> int:
     local = Path(args.local)
     options: dict[str, Any] = {"tensors": args.tensors, "threads": args.threads}
+    options["cache_max_bytes"] = args.cache_max_bytes
     with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
         options["progress"] = progress
         if not args.follow:
@@ -175,6 +185,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             max_iterations=args.max_iterations,
             timeout=args.timeout,
             on_update=lambda r: _report(args, r),
+            on_error=_retrying,
+            backoff=Backoff(base=min(1.0, args.backoff_cap), cap=args.backoff_cap),
             **options,
         )
     return 0
@@ -208,6 +220,17 @@ def _cmd_prune(args: argparse.Namespace) -> int:
             print(f"  {key}")
         return 0
     _say(args, f"revision {m.revision}: kept {kept}; deleted {_n(len(deleted), 'file')}")
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    if not (args.cache or os.environ.get("WDELTA_CACHE")):
+        raise BadArgumentError("gc needs the cache folder: --cache DIR or $WDELTA_CACHE")
+    with _chain(args) as c:
+        r = gc_chain(c, args.max_bytes)
+    _say(
+        args, f"removed {_n(len(r.removed), 'file')} ({r.freed} bytes); cache holds {r.kept} bytes"
+    )
     return 0
 
 
@@ -324,7 +347,23 @@ def _register_readers(sub: Any) -> None:
     p.add_argument("--interval", type=float, default=10.0, help="seconds between polls (10)")
     p.add_argument("--max-iterations", type=int, default=None, help="stop after N polls")
     p.add_argument("--timeout", type=float, default=None, help="stop after S seconds")
+    p.add_argument(
+        "--cache-max-bytes",
+        type=int,
+        default=None,
+        help="after each pull, shrink the cache to this size (least recently used first)",
+    )
+    p.add_argument(
+        "--backoff-cap",
+        type=float,
+        default=300.0,
+        help="longest wait in seconds between retries of a failing --follow poll (300)",
+    )
     p.set_defaults(func=_cmd_pull)
+    p = sub.add_parser("gc", help="remove cache entries the head no longer names, then LRU")
+    _common(p, cache=True)
+    p.add_argument("--max-bytes", type=int, default=None, help="shrink the cache to this size")
+    p.set_defaults(func=_cmd_gc)
     p = sub.add_parser("check-storage", help="test a store against the storage contract (ST-1..3)")
     p.add_argument(
         "url", help="a folder, s3://BUCKET/PREFIX or hf://...; keys go under a new prefix"

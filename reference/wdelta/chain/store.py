@@ -14,6 +14,7 @@ only then moved to ``<cache>/objects/<digest>``: a cached file is verified.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -157,6 +158,8 @@ class Chain:
             raise StorageError(f"a cache folder is needed to download files: {_GIVE_CACHE}")
         done = self.cached_path(digest)
         if done is not None:
+            with contextlib.suppress(OSError):
+                os.utime(done)  # last use, for the cache's least-recently-used order
             return done
         for sub in ("partial", "objects"):
             (self.cache / sub).mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import BadArgumentError, WdeltaError
+from ..terminal import printable
 from . import report
 from .impl import Implementation, Reference, Templates
 from .manifest import default_vectors, load
@@ -94,7 +95,7 @@ def _printer(verbose: bool) -> Any:
     def show(r: Result) -> None:
         if verbose:
             with lock:
-                print(f"{r.status:10} {r.case.id}  {r.message}", flush=True)
+                print(printable(f"{r.status:10} {r.case.id}  {r.message}"), flush=True)
 
     return show
 
@@ -139,6 +140,6 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     try:
         status = run_command(parser.parse_args(argv))
     except WdeltaError as exc:
-        print(f"error: {exc.category}: {exc}", file=sys.stderr)
+        print(printable(f"error: {exc.category}: {exc}"), file=sys.stderr)
         status = 2
     sys.exit(status)
