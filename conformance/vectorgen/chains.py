@@ -153,6 +153,14 @@ DOC_CASES: dict[str, tuple[str, str, str, Edit]] = {
     "digest-uppercase": ("CH-3", "manifest-invalid", "a version digest in upper-case hex",
                          lambda d: d["versions"][0].update(digest=d["versions"][0]["digest"]
                                                            .upper())),
+    "digest-final-line-feed": ("CH-3", "manifest-invalid",
+                               "a version digest ending in a line feed (full match, §2.2)",
+                               lambda d: d["versions"][0].update(
+                                   digest=d["versions"][0]["digest"] + "\n")),
+    "snapshot-name-final-line-feed": ("CH-3", "manifest-invalid",
+                                      "a snapshot file named model.safetensors + line feed",
+                                      _set(("snapshots", 0, "files", 0, "name"),
+                                           "model.safetensors\n")),
     "link-size-small": ("CH-3", "manifest-invalid", "a link of 63 bytes",
                         _set(("links", 0, "size"), 63)),
     "snapshot-file-path": ("CH-3", "manifest-invalid", "a snapshot file named ../x.safetensors",

@@ -309,6 +309,11 @@ BROKEN_FOLDERS: dict[str, tuple[dict[str, bytes], str, str]] = {
         {"m.safetensors.index.json": _INDEX[:-1].encode() + b',"weight_map":{}}',
          "m-1.safetensors": _safetensors(_ST_A, bytes(4))},
         "checkpoint-invalid", "the index JSON has a member twice (strict JSON, §4.1)"),
+    "target-shard-name-line-feed": (
+        {"m.safetensors.index.json": b'{"weight_map":{"a":"m-1.safetensors\\n"}}',
+         "m-1.safetensors": _safetensors(_ST_A, bytes(4))},
+        "checkpoint-invalid",
+        "the index maps to 'm-1.safetensors' + line feed (patterns are full matches, §2.2)"),
     "target-two-files-no-index": (
         {"a.safetensors": _safetensors(_ST_A, bytes(4)),
          "b.safetensors": _safetensors(_ST_A.replace('"a"', '"b"'), bytes(4))},

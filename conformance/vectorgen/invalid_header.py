@@ -139,6 +139,15 @@ SCHEMA_CASES: list[tuple[str, Mutation, str]] = [
         path="m" * 244 + ".safetensors")), "a 256-character target file path"),
     ("schema-path-suffix", on_doc(lambda d: d["target"]["files"][0].update(
         path="model.bin")), "target file path model.bin"),
+    ("schema-path-final-line-feed", on_doc(lambda d: d["target"]["files"][0].update(
+        path="model.safetensors\n")),
+     "target file path model.safetensors + line feed (patterns are full matches, §2.2)"),
+    ("schema-digest-final-line-feed", on_tensor("a", lambda t: t.update(
+        base_digest=t["base_digest"] + "\n")),
+     "a base_digest ending in a line feed (patterns are full matches, §2.2)"),
+    ("schema-checksum-final-line-feed", on_tensor("a", lambda t: t["chunks"][0].update(
+        checksum=t["chunks"][0]["checksum"] + "\n")),
+     "a blob checksum ending in a line feed (patterns are full matches, §2.2)"),
 ]  # fmt: skip
 
 VERSION_CASES: list[tuple[str, Mutation, str]] = [
