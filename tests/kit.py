@@ -132,7 +132,7 @@ def tree_hashes(path: Path) -> dict[str, str]:
 
 def leftovers(folder: Path) -> list[str]:
     """Temporary files or folders wdelta may have left in ``folder``."""
-    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".wdelta-tmp-"))
+    return sorted(p.name for p in folder.iterdir() if ".wdelta-tmp-" in p.name)
 
 
 @dataclass(frozen=True)

@@ -235,3 +235,51 @@ def test_missing_optional_package_through_the_api(blocked: dict[str, str]) -> No
                          env=blocked, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("unsupported-feature: s3:// storage needs")
+
+
+def test_conformance_load_takes_str_and_refuses_none() -> None:
+    from wdelta import conformance
+
+    root = conformance.default_vectors()
+    assert conformance.load(str(root), check_files=False).cases
+    expect_bad_argument(conformance.load, None)
+
+
+JUNK = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=4),
+    st.binary(max_size=4), st.lists(st.integers(), max_size=2),
+)  # fmt: skip
+
+
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    level=st.one_of(st.integers(-10, 25), JUNK),
+    threads=st.one_of(st.integers(-2, 4), JUNK.filter(lambda v: not isinstance(v, int))),
+    chunk_elements=st.one_of(st.integers(-2, 2**27), JUNK),
+    progress=st.one_of(st.just(lambda n: None), JUNK),
+)
+def test_diff_options_are_used_or_refused(
+    tmp_path: Path, level: Any, threads: Any, chunk_elements: Any, progress: Any
+) -> None:
+    """Any value of any option: a delta, or a WdeltaError and no output."""
+    out = tmp_path / "fuzz.wdelta"
+    out.unlink(missing_ok=True)
+    try:
+        wdelta.diff(ARRAYS, ARRAYS, out, level=level, threads=threads,
+                    chunk_elements=chunk_elements, progress=progress)  # fmt: skip
+    except WdeltaError:
+        assert not out.exists()
+    else:
+        assert wdelta.apply(ARRAYS, out)["w"].tobytes() == ARRAYS["w"].tobytes()
+
+
+def test_a_chain_without_cache_says_how_to_give_one(files: tuple[Path, Path, Path]) -> None:
+    base, _, _ = files
+    store = base.parent / "store"
+    chain.init(store, base)
+    with pytest.raises(WdeltaError) as info:
+        chain.verify(str(store))
+    assert info.value.category == "io-error"
+    assert "cache=FOLDER" in str(info.value)

@@ -116,7 +116,7 @@ def test_crash_keeps_existing_destination(
     out.write_bytes(b"previous version")
     monkeypatch.setattr(wdelta.decoder, "file_sink", _failing_sink(2, Boom()))
     with pytest.raises(Boom):
-        wdelta.apply(base, delta, out, threads=2)
+        wdelta.apply(base, delta, out, threads=2, overwrite=True)
     assert out.read_bytes() == b"previous version"
     assert leftovers(tmp_path) == []
 
@@ -162,7 +162,7 @@ def test_crash_mid_diff_leaves_nothing(
     out = tmp_path / "d.wdelta"
     out.write_bytes(b"older delta")
     with unchanged_inputs(folder), pytest.raises(type(error)):
-        wdelta.diff(base, target, out, chunk_elements=128, threads=2)
+        wdelta.diff(base, target, out, chunk_elements=128, threads=2, overwrite=True)
     assert out.read_bytes() == b"older delta"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.wdelta", "in"]
 

@@ -280,7 +280,7 @@ def test_single_file_output_replaces_existing_file(tmp_path: Path) -> None:
     base, target, delta = _simple_delta(tmp_path, sharded=False)
     out = tmp_path / "out.safetensors"
     out.write_bytes(b"old")
-    wdelta.apply(base, delta, out)
+    wdelta.apply(base, delta, out, overwrite=True)
     assert sha256(out) == sha256(target)
 
 

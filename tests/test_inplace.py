@@ -52,7 +52,7 @@ def snapshot(weights: dict[str, Any]) -> dict[str, bytes]:
 
 def make_delta(tmp: Path, base: dict[str, Any], target: dict[str, Any], **kw: Any) -> Path:
     out = tmp / "d.wdelta"
-    wdelta.diff(base, target, out, chunk_elements=CHUNK, **kw)
+    wdelta.diff(base, target, out, chunk_elements=CHUNK, overwrite=True, **kw)
     return out
 
 
@@ -267,3 +267,15 @@ def test_not_reversible_in_reverse_is_refused(tmp_path: Path) -> None:
     with pytest.raises(wdelta.NotReversibleError):
         wdelta.apply_inplace(live, delta, reverse=True)
     assert snapshot(live) == snapshot(target)
+
+
+def test_partial_selection_updates_only_the_selected_tensors(tmp_path: Path) -> None:
+    """A tensor-parallel rank holds some tensors only and updates those."""
+    base = model(0)
+    target = step(base, 1)
+    delta = make_delta(tmp_path, base, target)
+    rank = {n: base[n].copy() for n in ("emb", "fp8")}
+    wdelta.apply_inplace(rank, delta, tensors=lambda n: n in ("emb", "fp8"))
+    assert snapshot(rank) == {n: target[n].tobytes() for n in ("emb", "fp8")}
+    with pytest.raises(wdelta.BaseMismatchError):
+        wdelta.apply_inplace(rank, delta, tensors="e*")  # holds fp8, not selected

@@ -26,7 +26,7 @@ for name, words in base.items():
     target[name] = t
 wdelta.diff(base, target, sys.argv[2])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-wdelta.diff(base, target, sys.argv[2])
+wdelta.diff(base, target, sys.argv[2], overwrite=True)
 print(tuned, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wdelta._version import CONFORMANCE_SUITE_VERSION
+
 from .checkpoints import Checkpoint
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = CONFORMANCE_SUITE_VERSION
 FORMAT_VERSION = 1
 PROFILES = ("reader", "decoder", "reverse", "encoder")
 

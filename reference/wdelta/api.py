@@ -21,8 +21,18 @@ from .arguments import PathLike, as_path, check_int, check_optional_int, is_path
 from .atomic import atomic_file, atomic_folder
 from .checkpoint.source import Checkpoint, open_checkpoint
 from .container import DeltaFile, open_delta
+from .destination import check_output
 from .encoder import DiffOptions, Progress, diff_checkpoints
-from .errors import BadArgumentError, StorageError
+from .errors import (
+    BadArgumentError,
+    BaseMismatchError,
+    DeltaFormatError,
+    LimitExceededError,
+    NotReversibleError,
+    StorageError,
+    UnsupportedFeatureError,
+)
+from .filekind import naming
 from .header import MAX_CHUNK_ELEMENTS
 from .layout import SideLayout
 from .output_file import OutputFile
@@ -47,6 +57,11 @@ def _storage_errors(func: F) -> F:
     return cast(F, wrapper)
 
 
+def _paths(**sources: object) -> list[Path]:
+    """The sources given as paths (not arrays or open checkpoints), checked by as_path."""
+    return [as_path(s, what) for what, s in sources.items() if is_path(s)]
+
+
 @contextlib.contextmanager
 def _checkpoint(source: CheckpointLike, what: str) -> Iterator[Checkpoint]:
     """``source`` as a Checkpoint; ``what`` names the argument in errors.
@@ -67,6 +82,19 @@ def _checkpoint(source: CheckpointLike, what: str) -> Iterator[Checkpoint]:
         )
 
 
+@contextlib.contextmanager
+def _naming_inputs(delta: Path, base: object) -> Iterator[None]:
+    """Name the file each error of apply or verify is about: the base or the delta."""
+    about_delta = (DeltaFormatError, NotReversibleError, UnsupportedFeatureError,
+                   LimitExceededError)  # fmt: skip
+    with naming(delta, *about_delta):
+        if not is_path(base):
+            yield
+            return
+        with naming(as_path(base, "base"), BaseMismatchError, subject="input"):
+            yield
+
+
 def _check_options(threads: object, progress: object) -> int:
     if progress is not None and not callable(progress):
         raise BadArgumentError(f"progress must be callable, not {type(progress).__name__}")
@@ -77,9 +105,12 @@ def _check_options(threads: object, progress: object) -> int:
 def diff(
     base: CheckpointLike, target: CheckpointLike, out: PathLike, *,
     level: int | None = None, threads: int = 2, chunk_elements: int | None = None,
-    reversible: bool = True, progress: Progress | None = None,
+    reversible: bool = True, progress: Progress | None = None, overwrite: bool = False,
 ) -> Path:  # fmt: skip
     """Encode the delta from ``base`` to ``target`` into the file ``out``.
+
+    ``out`` must not be an input (nor a link to one) and must not exist
+    unless ``overwrite`` (BadArgumentError, before anything is read).
 
     ``level`` is the zstd level of every blob; None uses the encoder's own
     policy (level 3 below 64 KiB, zstd's fast strategy tuned for delta
@@ -90,8 +121,9 @@ def diff(
     chunks = check_optional_int(chunk_elements, "chunk_elements", 1, MAX_CHUNK_ELEMENTS)
     threads = _check_options(threads, progress)
     opts = DiffOptions(level, threads, chunks or DiffOptions.chunk_elements, bool(reversible))
+    check_output(path, _paths(base=base, target=target), overwrite=overwrite)
     with _checkpoint(base, "base") as b, _checkpoint(target, "target") as t:
-        return diff_checkpoints(b, t, path, opts, progress)
+        return diff_checkpoints(b, t, path, opts, progress, overwrite=overwrite)
 
 
 def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
@@ -100,13 +132,13 @@ def _output_layout(delta: DeltaFile, reverse: bool) -> SideLayout:
 
 def _apply_to_files(
     delta: DeltaFile, ckpt: Checkpoint, steps: list[decoder.Step], out: Path,
-    threads: int, progress: Progress | None, reverse: bool,
+    threads: int, progress: Progress | None, reverse: bool, overwrite: bool,
 ) -> None:  # fmt: skip
     layout = _output_layout(delta, reverse)
     offsets = decoder.output_tensor_offsets(layout.files)
     if layout.index is None:
         ((path, file_layout),) = layout.files
-        with atomic_file(out) as fd:
+        with atomic_file(out, overwrite=overwrite) as fd:
             decoder.init_file(fd, file_layout)
             output = OutputFile(fd)
             try:
@@ -116,7 +148,7 @@ def _apply_to_files(
             finally:
                 output.close()
         return
-    with atomic_folder(out) as folder, contextlib.ExitStack() as stack:
+    with atomic_folder(out, overwrite=overwrite) as folder, contextlib.ExitStack() as stack:
         files: dict[str, OutputFile] = {}
         for path, file_layout in layout.files:
             fd = os.open(folder / path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
@@ -156,6 +188,7 @@ def _apply_to_arrays(
 def apply(
     base: CheckpointLike, delta: PathLike, out: PathLike | None = None, *,
     reverse: bool = False, threads: int = 2, progress: Progress | None = None,
+    overwrite: bool = False,
 ) -> Path | dict[str, Any]:  # fmt: skip
     """Apply ``delta`` to ``base`` (or, with ``reverse``, undo it on the target).
 
@@ -164,16 +197,26 @@ def apply(
     returned: torch tensors (on the base tensors' device) when ``base`` is a
     mapping holding torch tensors, else NumPy arrays (ml_dtypes for bf16/fp8).
     Every digest is verified; on any failure nothing is written at ``out``.
+    ``out`` must not be an input (nor a link to one, nor inside an input
+    folder) and must not exist unless ``overwrite`` (BadArgumentError, before
+    anything is read).
     """
     threads = _check_options(threads, progress)
     path = None if out is None else as_path(out, "out")
-    with open_delta(as_path(delta, "delta")) as d, _checkpoint(base, "base") as ckpt:
+    delta_path = as_path(delta, "delta")
+    if path is not None:
+        check_output(path, _paths(base=base, delta=delta_path), overwrite=overwrite)
+    with (
+        open_delta(delta_path) as d,
+        _checkpoint(base, "base") as ckpt,
+        _naming_inputs(delta_path, base),
+    ):
         steps = decoder.plan_steps(d.header, reverse)
         decoder.check_input(d.header, ckpt, reverse)
         if path is None:
             device = tensors.torch_device(base)
             return _apply_to_arrays(d, ckpt, steps, threads, progress, device)
-        _apply_to_files(d, ckpt, steps, path, threads, progress, reverse)
+        _apply_to_files(d, ckpt, steps, path, threads, progress, reverse, overwrite)
         return path
 
 
@@ -188,7 +231,8 @@ def verify(
     With a base the full apply runs without writing, so every digest is checked.
     """
     threads = _check_options(threads, progress)
-    with open_delta(as_path(delta, "delta")) as d:
+    delta_path = as_path(delta, "delta")
+    with open_delta(delta_path) as d, _naming_inputs(delta_path, base):
         if base is None:
             decoder.check_blobs(d, threads, progress)
             return

@@ -10,11 +10,12 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from . import api
+from . import api, interrupts
 from ._version import CHAIN_MANIFEST_VERSION, CONFORMANCE_SUITE_VERSION, __version__
 from .checkpoint.source import open_checkpoint
 from .container import open_delta
@@ -59,11 +60,16 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         api.diff(
             args.base, args.target, args.output, level=args.level, threads=args.threads,
             chunk_elements=args.chunk_elements, reversible=not args.no_reverse,
-            progress=progress,
+            progress=progress, overwrite=args.force,
         )  # fmt: skip
     if not args.quiet:
-        with open_delta(args.output) as d:
-            s = summarize(d)
+        try:
+            with open_delta(args.output) as d:
+                s = summarize(d)
+        except WdeltaError:
+            # A command that reports an error leaves no output (SPEC.md §10.5).
+            os.unlink(args.output)
+            raise
         print(f"wrote {args.output}: {s.file_bytes} bytes, {s.ratio:.4%} of the target")
     return 0
 
@@ -76,7 +82,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     with _progress(args, total, "apply") as progress:
         api.apply(
             args.base, args.delta, args.output, reverse=args.reverse, threads=args.threads,
-            progress=progress,
+            progress=progress, overwrite=args.force,
         )  # fmt: skip
     return 0
 
@@ -121,6 +127,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"ok: {args.delta}" + (f" applies to {args.base}" if args.base else ""))
     return 0
+
+
+def _add_force(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", "-f", action="store_true",
+                   help="replace the output if it exists (never an input)")  # fmt: skip
 
 
 def _add_common(p: argparse.ArgumentParser, threads: bool = True) -> None:
@@ -212,6 +223,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
     p.add_argument("--no-reverse", action="store_true",
                    help="allow full chunks and drop removed tensors (not reversible)")  # fmt: skip
+    _add_force(p)
     _add_common(p)
     p.set_defaults(func=_cmd_diff)
     p = sub.add_parser("apply", help="rebuild the target from BASE and DELTA")
@@ -219,6 +231,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("delta")
     p.add_argument("-o", "--output", required=True, help="output file (folder if sharded)")
     p.add_argument("--reverse", action="store_true", help="BASE is the target; rebuild the base")
+    _add_force(p)
     _add_common(p)
     p.set_defaults(func=_cmd_apply)
     p = sub.add_parser("inspect", help="summarise a delta")
@@ -244,13 +257,14 @@ def run(argv: Sequence[str] | None = None) -> int:
     command = words[0] if words else None
     keep_chunk_buffers()
     try:
-        if argv == words and words in ([], ["chain"], ["conformance"]):
-            # A command with nothing to do is a request for usage, as with git.
-            print(_subcommand_help(build_parser(command), words), end="", file=sys.stderr)
-            return 2
-        args = build_parser(command).parse_args(argv)
-        func: Callable[[argparse.Namespace], int] = args.func
-        return func(args)
+        with interrupts.as_exceptions():
+            if argv == words and words in ([], ["chain"], ["conformance"]):
+                # A command with nothing to do is a request for usage, as with git.
+                print(_subcommand_help(build_parser(command), words), end="", file=sys.stderr)
+                return 2
+            args = build_parser(command).parse_args(argv)
+            func: Callable[[argparse.Namespace], int] = args.func
+            return func(args)
     except WdeltaError as exc:
         return _fail(exc)
     except BrokenPipeError:
@@ -260,9 +274,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 141
     except OSError as exc:
         return _fail(StorageError(str(exc)))
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, interrupts.Interrupted) else signal.SIGINT
+        print(f"error: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
 
 
 def _fail(exc: WdeltaError) -> int:

@@ -31,16 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from . import decoder, tensors
-from .checkpoint.source import Checkpoint, Tensor, Words
+from . import decoder
+from . import tensors as live
+from .checkpoint.source import Words
 from .container import DeltaFile, open_delta
 from .digest import new_hasher
 from .encodings import chunk as chunk_codec
 from .errors import BadArgumentError, BaseMismatchError, ChecksumMismatchError
 from .pipeline import ordered_map
-from .tensors import Slot
-
-_READ_BLOCK = 1 << 22  # elements hashed per read of a tensor that has no zero-copy view
+from .tensors import Select, Slot, selector
 
 
 @dataclass(frozen=True)
@@ -77,12 +76,21 @@ class _Journal:
 
 
 def _slots(weights: MutableMapping[str, Any]) -> dict[str, Slot]:
-    return {name: tensors.slot(name, value) for name, value in weights.items()}
+    return {name: live.slot(name, value) for name, value in weights.items()}
 
 
-def _check_structure(delta: DeltaFile, slots: dict[str, Slot], steps: list[decoder.Step]) -> None:
-    shapes = {n: Tensor(n, s.dtype, s.shape) for n, s in slots.items()}
-    decoder.check_input(delta.header, Checkpoint(shapes, {}), steps[0].reverse if steps else False)
+def _check_structure(slots: dict[str, Slot], steps: list[decoder.Step]) -> None:
+    """The mapping holds exactly the (selected) input side: names, dtypes, shapes."""
+    expected = {s.entry.name: (s.entry.dtype, s.entry.shape) for s in steps if s.src_digest}
+    actual = {n: (s.dtype, s.shape) for n, s in slots.items()}
+    if expected != actual:
+        missing = sorted(set(expected) - set(actual))
+        extra = sorted(set(actual) - set(expected))
+        differ = sorted(n for n in set(expected) & set(actual) if expected[n] != actual[n])
+        raise BaseMismatchError(
+            f"weights are not the delta's input: missing {missing[:3]}, unexpected "
+            f"{extra[:3]}, dtype/shape differs for {differ[:3]}"
+        )
     for step in steps:
         if _writes(step) and not slots[step.entry.name].writable:
             raise BadArgumentError(f"tensor {step.entry.name!r} is read-only")
@@ -94,21 +102,10 @@ def _writes(step: decoder.Step) -> bool:
     return both and step.entry.op == "modified"
 
 
-def _hash_slot(slot: Slot) -> str:
-    hasher = new_hasher(1)
-    view = slot.whole()
-    if view is not None:
-        hasher.update(view)
-    else:
-        for start in range(0, slot.elements, _READ_BLOCK):
-            hasher.update(slot.read(start, min(_READ_BLOCK, slot.elements - start)).data.cast("B"))
-    return str(hasher.hexdigest())
-
-
 def _verify_inputs(steps: list[decoder.Step], slots: dict[str, Slot], threads: int) -> None:
     """Every input tensor against its digest, before anything is written."""
     checked = [s for s in steps if s.src_digest is not None]
-    digests = ordered_map(lambda s: _hash_slot(slots[s.entry.name]), checked, threads, 1)
+    digests = ordered_map(lambda s: slots[s.entry.name].digest(), checked, threads, 1)
     for step, digest in zip(checked, digests, strict=True):
         if digest != step.src_digest:
             raise BaseMismatchError(
@@ -202,7 +199,7 @@ def _build_added(
         hasher.update(words.data.cast("B"))
         if verify and str(hasher.hexdigest()) != step.dst_digest:
             raise ChecksumMismatchError(f"tensor {entry.name!r}: decoded bytes do not match")
-        added[entry.name] = tensors.present(words, entry.dtype, entry.shape, device)
+        added[entry.name] = live.present(words, entry.dtype, entry.shape, device)
     return added
 
 
@@ -227,7 +224,7 @@ def _dedupe_tied(steps: list[decoder.Step], slots: dict[str, Slot]) -> list[deco
 
 def apply_inplace(
     weights: MutableMapping[str, Any], delta: str | os.PathLike[str], reverse: bool = False,
-    *, verify_output: bool = True, threads: int = 2,
+    *, verify_output: bool = True, threads: int = 2, tensors: Select = None,
 ) -> None:  # fmt: skip
     """Update ``weights`` (NumPy arrays / torch tensors by name) in place by ``delta``.
 
@@ -239,19 +236,23 @@ def apply_inplace(
     non-reversible delta keep their old words until the end).
     ``verify_output=False`` skips hashing the outputs (inputs are always
     checked); only for deltas already verified against these weights.
+    ``tensors`` (an fnmatch pattern or a predicate on names) restricts the
+    update to those tensors; ``weights`` then holds exactly the selected
+    input tensors (a tensor-parallel rank's shard of the model).
     """
     if threads < 1:
         raise BadArgumentError("threads must be >= 1")
     with open_delta(delta) as d:
-        steps = decoder.plan_steps(d.header, reverse)
+        keep = selector(tensors)
+        steps = [s for s in decoder.plan_steps(d.header, reverse) if keep(s.entry.name)]
         slots = _slots(weights)
-        _check_structure(d, slots, steps)
+        _check_structure(slots, steps)
         steps = _dedupe_tied(steps, slots)
         _verify_inputs(steps, slots, threads)
         journal = _Journal(d, reverse)
         try:
             _update(d, steps, slots, journal, threads, verify_output)
-            added = _build_added(d, steps, tensors.torch_device(weights), verify_output)
+            added = _build_added(d, steps, live.torch_device(weights), verify_output)
         except BaseException:
             journal.undo()
             raise

@@ -43,9 +43,14 @@ SYNC_BYTES = 16 << 20
 def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     """Write all of ``data`` at ``offset`` (pwrite may write less than asked)."""
     view = memoryview(data).cast("B")
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
+    try:
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+    finally:
+        # A failed write's traceback keeps this frame alive: without the
+        # release, a buffer under ``data`` (an mmap) could not be closed.
+        view.release()
 
 
 def start_writeback(fd: int, offset: int, length: int) -> None:

@@ -1,7 +1,8 @@
 """Strict JSON decoding shared by every JSON structure wdelta reads.
 
 RFC 8259 only: no ``NaN``/``Infinity`` literals, no duplicate member names,
-no unpaired surrogate escapes, nesting at most 64 levels, and never a crash
+no unpaired surrogate escapes, nesting at most 64 levels, integers of at
+most 4300 digits, and never a crash
 (``RecursionError``) on hostile input: every violation raises ``error``.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 from .errors import WdeltaError
 
 MAX_DEPTH = 64
+MAX_INT_DIGITS = 4300  # Python's default int conversion limit (sys.int_info)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
@@ -36,6 +38,9 @@ def loads(data: bytes | str, error: type[WdeltaError], what: str) -> Any:
         value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise error(f"{what} is not valid UTF-8 JSON: {exc}") from exc
+    except ValueError as exc:
+        # int() refuses more than sys.get_int_max_str_digits() (4300) digits.
+        raise error(f"{what}: a number of more than {MAX_INT_DIGITS} digits") from exc
     if _SURROGATE_ESCAPE.search(text):
         _check_encodable(value, error, what)
     _check_depth(value, error, what)

@@ -12,20 +12,39 @@ written element-wise through their strides (NumPy ``flat``, torch
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Union
 
 import numpy as np
 
 from .checkpoint.safetensors_header import build_header
 from .checkpoint.source import SINGLE_FILE_NAME, Checkpoint, Tensor, Words, from_arrays
+from .digest import new_hasher
 from .dtypes import DType, from_numpy, from_type_name, to_numpy, type_name
 from .errors import BadArgumentError, UnsupportedFeatureError
 
 # torch dtype names are numpy/ml_dtypes names (torch.bfloat16 -> "bfloat16").
+# Elements per read when hashing a tensor that has no zero-copy host view.
+_HASH_BLOCK = 1 << 22
 _TORCH_PREFIX = "torch."
+
+
+# Which tensors to touch: fnmatch patterns on names, comma-separated (as ``chain pull
+# --tensors``), a predicate, or None (all).
+Select = Union[str, Callable[[str], bool], None]  # noqa: UP007
+
+
+def selector(select: Select) -> Callable[[str], bool]:
+    """A predicate on tensor names for a :data:`Select`."""
+    if select is None:
+        return lambda name: True
+    if isinstance(select, str):
+        patterns = [p.strip() for p in select.split(",")]
+        return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    return select
 
 
 def is_torch(value: object) -> bool:
@@ -77,6 +96,18 @@ class Slot:
     def whole(self) -> memoryview | None:
         """The tensor's bytes without a copy, when it is contiguous in host memory."""
         return None
+
+    def digest(self) -> str:
+        """BLAKE3 of the tensor's bytes (SPEC §9.3), read without a copy when possible."""
+        hasher = new_hasher(1)
+        view = self.whole()
+        if view is not None:
+            hasher.update(view)
+            return str(hasher.hexdigest())
+        for start in range(0, self.elements, _HASH_BLOCK):
+            words = self.read(start, min(_HASH_BLOCK, self.elements - start))
+            hasher.update(words.data.cast("B"))
+        return str(hasher.hexdigest())
 
     def storage_key(self) -> tuple[Any, ...]:
         """Equal for two slots over the same memory with the same layout (tied weights)."""

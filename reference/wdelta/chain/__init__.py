@@ -7,6 +7,8 @@ Python API (SPEC.md "Chains")::
     chain.init(c, Path("step0.safetensors"))
     chain.append(c, Path("step1.safetensors"), base=Path("step0.safetensors"))
     chain.pull(c, Path("node/model.safetensors"))            # to the head
+    chain.Publisher(c).publish(model.state_dict(), step=1)   # from memory
+    for v in chain.follow_weights(c, weights): ...           # into memory
     m = chain.parse_manifest(data)                           # read-only tooling
 
 Every failure is a :class:`wdelta.WdeltaError` with a stable category; the
@@ -23,6 +25,7 @@ from .errors import (
     ManifestInvalidError,
     NotFoundError,
 )
+from .live import Publisher, follow_weights, load, save_weights, weights_digest
 from .manifest import (
     Link,
     Manifest,
@@ -32,7 +35,7 @@ from .manifest import (
     parse_manifest,
     read_manifest,
 )
-from .ops import AppendOptions, append, init, log_rows, verify
+from .ops import AppendOptions, append, append_delta, init, log_rows, verify
 from .prune import Policy, prune
 from .pull import PullResult, follow, pull
 from .storage import LocalStorage, ObjectInfo, Storage, open_storage
@@ -53,22 +56,28 @@ __all__ = [
     "NotFoundError",
     "ObjectInfo",
     "Policy",
+    "Publisher",
     "PullResult",
     "Snapshot",
     "SnapshotFile",
     "Storage",
     "Version",
     "append",
+    "append_delta",
     "compose",
     "follow",
+    "follow_weights",
     "gc_chain",
     "init",
+    "load",
     "log_rows",
     "open_storage",
     "parse_manifest",
     "prune",
     "pull",
     "read_manifest",
+    "save_weights",
     "squash",
     "verify",
+    "weights_digest",
 ]

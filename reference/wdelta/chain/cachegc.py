@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..arguments import check_optional_int
-from ..atomic import TMP_PREFIX
+from ..atomic import TMP_MARK, temp_name
 from ..errors import BadArgumentError, StorageError
 from .manifest import Manifest
 from .store import Chain
@@ -54,7 +54,7 @@ def entries(cache: Path) -> list[Entry]:
         if not folder.is_dir():
             continue
         for path in folder.iterdir():
-            if path.name.startswith(TMP_PREFIX) or not path.name.endswith(suffix):
+            if TMP_MARK in path.name or not path.name.endswith(suffix):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 st = path.stat()
@@ -96,7 +96,7 @@ def pin(cache: Path, digests: Iterable[str]) -> Iterator[None]:
     path = folder / f"{os.getpid()}-{uuid.uuid4().hex}.json"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f"{TMP_PREFIX}{path.name}"
+        tmp = folder / temp_name(path.name)
         tmp.write_text(json.dumps(sorted(digests)))
         os.replace(tmp, path)
     except OSError as exc:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..atomic import temp_dir
 from ..errors import BadArgumentError, WdeltaError
 from . import ops
 from .backoff import Backoff
@@ -49,8 +50,8 @@ def _chain(args: argparse.Namespace, default_cache: Path | None = None) -> Itera
     if cache is not None:
         yield Chain(storage, Path(cache))
         return
-    with tempfile.TemporaryDirectory(prefix="wdelta-cache-") as tmp:
-        yield Chain(storage, Path(tmp))
+    with temp_dir(Path(tempfile.gettempdir()), "cache") as tmp:
+        yield Chain(storage, tmp)
 
 
 def _n(count: int, noun: str) -> str:

@@ -12,7 +12,6 @@ the composed bytes, must equal the manifest's digest of the end version.
 from __future__ import annotations
 
 import contextlib
-import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..arguments import PathLike, as_path
+from ..atomic import temp_dir
 from ..checkpoint.source import Checkpoint, Tensor, Words, open_checkpoint
 from ..container import DeltaFile, open_delta
 from ..decoder import check_input
@@ -136,7 +136,7 @@ def squash(
     if any(k.source == src.number and k.target == dst.number for k in m.links):
         raise ConflictError(f"a link {src.number}->{dst.number} already exists")
     links = _forward_links(m, src.number, dst.number)
-    with tempfile.TemporaryDirectory(prefix="wdelta-squash-", dir=chain.scratch()) as tmp:
+    with temp_dir(chain.scratch(), "squash") as tmp:
         out = Path(tmp) / "squashed.wdelta"
         with contextlib.ExitStack() as stack:
             deltas = [

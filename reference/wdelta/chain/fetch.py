@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from .. import rename
+from ..atomic import temp_name
 from ..container import open_delta
 from ..errors import StorageError
 from ..header import Header
@@ -45,22 +47,34 @@ def materialize_snapshot(
 
     The copy's checkpoint digest must be the version's digest: the manifest's
     sha256 proves the bytes are the ones uploaded, this proves they are the
-    version the manifest says.
+    version the manifest says.  The copy is assembled under a temporary name
+    and renamed to ``dest`` once checked, so ``dest`` is complete or absent.
     """
     paths = {f.name: chain.fetch(f.key, f.size, f.sha256, "sha256", progress) for f in snap.files}
+    tmp = dest.parent / temp_name(dest.name)
+    try:
+        _copy(paths, tmp, dest)
+        want = m.version(snap.version).digest
+        got = digest_of_path(tmp)
+        if got != want:
+            raise ChainBrokenError(
+                f"snapshot of version {snap.version} has digest {got[:16]}, not {want[:16]}"
+            )
+        rename.replace(tmp, dest, dest.parent / temp_name(dest.name))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+        raise
+    return dest
+
+
+def _copy(paths: dict[str, Path], tmp: Path, dest: Path) -> None:
+    """Copy one file to ``tmp``, or several into a new folder ``tmp``."""
     try:
         if len(paths) == 1:
-            shutil.copyfile(next(iter(paths.values())), dest)
+            shutil.copyfile(next(iter(paths.values())), tmp)
         else:
-            dest.mkdir(parents=True)
+            tmp.mkdir(parents=True)
             for name, src in paths.items():
-                shutil.copyfile(src, dest / name)
+                shutil.copyfile(src, tmp / name)
     except OSError as exc:
         raise StorageError(f"cannot assemble the snapshot at {dest}: {exc}") from exc
-    want = m.version(snap.version).digest
-    got = digest_of_path(dest)
-    if got != want:
-        raise ChainBrokenError(
-            f"snapshot of version {snap.version} has digest {got[:16]}, not {want[:16]}"
-        )
-    return dest

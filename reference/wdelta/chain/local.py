@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..atomic import TMP_PREFIX, fsync_dir
+from ..atomic import fsync_dir, temp_name
 from ..checkpoint.source import Checkpoint, open_checkpoint
 from ..digest import TensorIdentity, checkpoint_digest, new_hasher
 from ..errors import BadArgumentError, StorageError
@@ -81,8 +81,7 @@ def replace_checkpoint(new: Path, local: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(new, dest)
-    link = local.parent / f"{TMP_PREFIX}{local.name}.link"
-    link.unlink(missing_ok=True)
+    link = local.parent / temp_name(local.name)
     os.symlink(os.path.relpath(dest, local.parent), link)
     try:
         os.replace(link, local)

@@ -23,7 +23,7 @@ from ..checkpoint.safetensors_header import MAX_HEADER_BYTES, build_header, pars
 from ..checkpoint.safetensors_header import TensorLayout as Layout
 from ..decoder import init_file
 from ..digest import TensorIdentity, checkpoint_digest, new_hasher
-from ..errors import ChecksumMismatchError
+from ..errors import ChecksumMismatchError, DeltaFormatError
 from ..output_file import pwrite_all
 from .errors import ChainBrokenError
 from .fetch import check_link_header
@@ -38,12 +38,16 @@ def proven_tensors(
 ) -> dict[str, TensorIdentity] | None:
     """Version ``version``'s tensors from a link header whose list hashes to its digest.
 
-    Links touching the version are tried smallest first; None if none proves it.
+    Links touching the version are tried smallest first (a damaged one is
+    skipped); None if none proves it.
     """
     links = sorted((k for k in m.links if version in (k.source, k.target)), key=lambda k: k.size)
     for link in links:
-        header, _ = read_remote_header(storage, link, progress)
-        check_link_header(m, link, header)
+        try:
+            header, _ = read_remote_header(storage, link, progress)
+            check_link_header(m, link, header)
+        except (DeltaFormatError, ChainBrokenError):
+            continue  # a damaged delta proves nothing; the pull that applies it reports it
         side = "target" if link.target == version else "base"
         ids = {}
         for t in header.side_tensors(side):
@@ -116,7 +120,7 @@ def extract_remote(
         {VERSION_KEY: digest, TENSORS_KEY: pattern},
     )
     offsets = {t.name: layout.data_start + t.begin for t in layout.tensors}
-    with atomic_file(out) as fd:
+    with atomic_file(out, overwrite=True) as fd:
         init_file(fd, layout)
         for name in names:
             key, at, t = found[name]

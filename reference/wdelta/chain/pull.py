@@ -25,7 +25,8 @@ from pathlib import Path
 
 from .. import api
 from ..arguments import PathLike, as_path, check_optional_int, check_seconds
-from ..atomic import TMP_PREFIX
+from ..atomic import temp_name
+from ..destination import check_kind, overlaps
 from ..errors import BadArgumentError, DeltaFormatError, WdeltaError
 from . import cachegc, graph, partial
 from .backoff import Backoff
@@ -35,6 +36,7 @@ from .local import digest_of_path, partial_marker, replace_checkpoint
 from .manifest import Manifest, Version
 from .partial_snapshot import extract_remote
 from .storage.base import Progress
+from .storage.local import LocalStorage
 from .store import Chain, as_chain
 
 _REPLANS = 3
@@ -68,6 +70,21 @@ def local_version(m: Manifest, local: Path, tensors: str | None, assume: str | N
     if found is None:
         raise NotFoundError(f"{local} (digest {digest[:16]}) is not a version of this chain")
     return found
+
+
+def check_local(chain: Chain, local: Path) -> None:
+    """Refuse a node path that pulling would break (BadArgumentError): ``-``, a
+    device or FIFO, a path inside the chain's own folder (or holding it).
+
+    An existing ``local`` is the pull's input as well as its output: it is
+    replaced only by a newer (or named) version of the same chain.
+    """
+    check_kind(local)
+    if isinstance(chain.storage, LocalStorage) and overlaps(local, chain.storage.root):
+        raise BadArgumentError(
+            f"{local} overlaps the chain folder {chain.storage.root}: pulling there would "
+            "overwrite the chain's files; choose a local path outside it"
+        )
 
 
 @dataclass
@@ -107,18 +124,19 @@ class _Puller:
             storage, snap = self.chain.storage, hop.snapshot
             if extract_remote(storage, self.m, snap, self.tensors, out, self.count):
                 return out
-            full = work_dir(self.local) / f"{TMP_PREFIX}snapshot"
-            shutil.rmtree(full, ignore_errors=True) if full.is_dir() else full.unlink(
-                missing_ok=True
-            )
-            materialize_snapshot(self.chain, self.m, hop.snapshot, full, self.count)
-            partial.extract(full, self.tensors, self.m.version(hop.version).digest, out)
-            shutil.rmtree(full) if full.is_dir() else full.unlink()
+            full = work_dir(self.local) / temp_name("snapshot")
+            try:
+                materialize_snapshot(self.chain, self.m, hop.snapshot, full, self.count)
+                partial.extract(full, self.tensors, self.m.version(hop.version).digest, out)
+            finally:
+                _discard(full)
             return out
         assert hop.link is not None and current is not None
         if self.tensors is None:
             delta = fetch_link(self.chain, self.m, hop.link, self.count)
-            api.apply(current, delta, out, reverse=hop.reverse, threads=self.threads)
+            api.apply(
+                current, delta, out, reverse=hop.reverse, threads=self.threads, overwrite=True
+            )
             return out
         header, data_start = partial.read_remote_header(self.chain.storage, hop.link, self.count)
         check_link_header(self.m, hop.link, header)
@@ -208,6 +226,7 @@ def pull(
     check_optional_int(cache_max_bytes, "cache_max_bytes", 0)
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
+    check_local(chain, local)
     for attempt in range(_REPLANS):
         m = chain.head()
         p = _Puller(

@@ -25,14 +25,14 @@ from pathlib import Path
 import blake3
 
 from ..arguments import PathLike, as_path
-from ..atomic import TMP_PREFIX
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError
 from .errors import ConflictError, ManifestInvalidError, NotFoundError
 from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
-from .storage import open_storage
+from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
 
 PUBLISH_ATTEMPTS = 50
+_GIVE_CACHE = "open the chain as chain.Chain(LOCATION, cache=FOLDER)"
 _HASH_BLOCK = 1 << 22
 
 
@@ -74,7 +74,9 @@ class Chain:
         """The highest manifest revision; NotFoundError if the chain has none."""
         revisions = self.revisions()
         if not revisions:
-            raise NotFoundError(f"{self.storage.url}: no chain here (no manifest revision)")
+            local = isinstance(self.storage, LocalStorage) and self.storage.root.is_file()
+            why = "is a file, not a chain folder" if local else "no manifest revision"
+            raise NotFoundError(f"{self.storage.url}: no chain here ({why})")
         if revisions[-1] < self.seen_revision:
             raise ManifestInvalidError(
                 f"head revision {revisions[-1]} is older than revision {self.seen_revision} "
@@ -153,7 +155,7 @@ class Chain:
     ) -> Path:  # fmt: skip
         """A verified local copy of ``key`` (from the cache, else downloaded into it)."""
         if self.cache is None:
-            raise StorageError("a cache folder is needed to download files")
+            raise StorageError(f"a cache folder is needed to download files: {_GIVE_CACHE}")
         done = self.cached_path(digest)
         if done is not None:
             with contextlib.suppress(OSError):
@@ -171,12 +173,11 @@ class Chain:
         return final
 
     def scratch(self) -> Path:
-        """A folder for temporary files beside the cache."""
+        """The folder for temporary files (atomic.temp_dir): the cache folder."""
         if self.cache is None:
-            raise StorageError("a cache folder is needed")
-        path = self.cache / f"{TMP_PREFIX}scratch"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+            raise StorageError(f"a cache folder is needed: {_GIVE_CACHE}")
+        self.cache.mkdir(parents=True, exist_ok=True)
+        return self.cache
 
 
 def as_chain(value: object) -> Chain:

@@ -52,6 +52,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-fast", action="store_true", help="stop after the first failure")
     p.add_argument("--jobs", "-j", type=int, default=1, help="cases run in parallel")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60)")
+    p.add_argument(
+        "--max-size-ratio",
+        type=float,
+        metavar="R",
+        help="fail an encoder case whose delta exceeds R times the reference encoder's "
+        "(default: size is reported, never failed)",
+    )
     p.add_argument("--json-report", type=Path, metavar="FILE", help="write a JSON report")
     p.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML")
     p.add_argument(
@@ -93,6 +100,8 @@ def run_command(args: argparse.Namespace) -> int:
     """Run ``conformance run`` from parsed arguments; returns the exit status."""
     if args.jobs < 1 or args.timeout <= 0:
         raise BadArgumentError("--jobs must be >= 1 and --timeout > 0")
+    if args.max_size_ratio is not None and not args.max_size_ratio > 0:
+        raise BadArgumentError("--max-size-ratio must be > 0")
     manifest = load(args.vectors or default_vectors(), check_files=not args.list)
     cases = select(manifest.cases, args.filter)
     if not cases:
@@ -102,7 +111,8 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{c.id}\t{c.profile}\t{c.section}\t{c.expected}")
         return 0
     impl, described = _implementation(args)
-    opts = Options(args.timeout, args.jobs, args.strict, args.fail_fast, args.work_dir)
+    opts = Options(args.timeout, args.jobs, args.strict, args.fail_fast, args.work_dir,
+                   max_size_ratio=args.max_size_ratio)  # fmt: skip
     results = run_all(manifest, cases, impl, opts, _printer(args.verbose))
     sys.stdout.write(report.text(results, impl.name, manifest))
     if args.json_report is not None:

@@ -28,6 +28,8 @@ class Options:
 
     ``work_dir``: keep every case folder there; otherwise case folders are
     made under ``scratch`` (default: the system temporary folder) and removed.
+    ``max_size_ratio``: fail an encoder's delta larger than this multiple of
+    the reference encoder's (size is otherwise reported, never judged).
     """
 
     timeout: float = 60.0
@@ -36,6 +38,7 @@ class Options:
     fail_fast: bool = False
     work_dir: Path | None = None
     scratch: Path | None = None
+    max_size_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def run_case(manifest: Manifest, case: Case, impl: Implementation, opts: Options
         verdict = Verdict(FAIL, f"modified its input files {modified}")
     else:
         verdict = judge(case, outcome, paths,
-                        lambda: reference_output(case, paths, work / "expected"))  # fmt: skip
+                        lambda: reference_output(case, paths, work / "expected"),
+                        opts.max_size_ratio)  # fmt: skip
     if opts.strict and verdict.status == SOFT:
         verdict = Verdict(FAIL, verdict.message + " (--strict)")
     return Result(case, verdict.status, verdict.message, outcome.describe(), outcome.command,

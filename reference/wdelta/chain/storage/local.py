@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ...arguments import as_path
-from ...atomic import TMP_PREFIX, fsync_dir, temp_file
+from ...atomic import TMP_MARK, fsync_dir, remove_stale, temp_file
 from ...errors import StorageError, TruncatedError
 from ..errors import NotFoundError
 from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key
@@ -69,7 +69,7 @@ class LocalStorage(Storage):
         dest = self._path(key)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = temp_file(dest.parent)
+            fd, tmp = temp_file(dest.parent, dest.name)
             os.close(fd)
         except OSError as exc:
             raise StorageError(f"cannot write under {dest.parent}: {exc}") from exc
@@ -108,14 +108,24 @@ class LocalStorage(Storage):
             return True
 
     def list(self, prefix: str) -> list[ObjectInfo]:
+        """Objects whose key starts with ``prefix``.
+
+        Also removes, in the folders it walks, temporaries left by dead local
+        processes (atomic.remove_stale): an upload killed outright leaves
+        nothing once any command has listed the chain again.
+        """
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         base = self.root / folder if folder else self.root
         if not base.is_dir():
             return []
+        paths = list(base.rglob("*"))
+        for path in [base, *paths]:
+            if path.is_dir():
+                remove_stale(path)
         found = []
-        for path in base.rglob("*"):
+        for path in paths:
             rel = path.relative_to(self.root).as_posix()
-            if path.is_file() and rel.startswith(prefix) and TMP_PREFIX not in rel:
+            if path.is_file() and rel.startswith(prefix) and TMP_MARK not in rel:
                 found.append(ObjectInfo(rel, path.stat().st_size))
         return sorted(found, key=lambda o: o.key)
 
