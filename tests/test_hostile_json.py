@@ -178,7 +178,15 @@ try:
     outcome = "read"
 except wdelta.WdeltaError as exc:
     outcome = exc.category
-print(outcome, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+# VmHWM is this process's own peak; ru_maxrss survives exec on Linux and would
+# report the peak of the pytest worker that spawned us (torch tests included).
+try:
+    with open("/proc/self/status") as status:
+        hwm = next(line for line in status if line.startswith("VmHWM:"))
+    peak = int(hwm.split()[1]) * 1024
+except OSError:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(outcome, peak)
 """
 
 
