@@ -2,6 +2,7 @@
 
     python bench/run.py                 # bf16 at 0.1/2/10/30% + fp8 at 2%, >= 500 M elements
     python bench/run.py --memory        # one >= 8 GiB bf16 checkpoint (1 GiB largest tensor)
+    python bench/run.py --real          # peer table: real AdamW trace + synthetic (bench extra)
 
 Flags:
   --dir DIR            data folder (default /work/bench-data; never inside the repo)
@@ -18,6 +19,12 @@ Flags:
   --regenerate         rewrite data files even when a matching one exists
   --keep               keep the .wdelta files
   --json PATH          JSON output (default bench/out/bench-<UTC time>.json)
+  --real               the peer table instead (bench/realbench.py): a real tinyllama trace
+                       (bench/realtrace.py, cached under --trace-root) and synthetic pairs of
+                       --elements (default there 27_500_000) against zstd, TRL and ZipNN;
+  --pair-stride K      --real measures every K-th step pair of the trace (default 3: steps
+                       0-1, 3-4, 6-7, 9-10 of each run)
+                       --trace-* flags set the trace (python bench/realtrace.py --help)
 
 Every case: wdelta diff and apply run as child processes of the real CLI
 (wall time, ru_maxrss from wait4); the rebuilt file is checked byte for byte
@@ -44,6 +51,7 @@ import bound
 import cases
 import measure
 import report
+from traceconfig import add_flags as realtrace_flags
 
 import wdelta
 from wdelta import synthetic
@@ -178,7 +186,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--regenerate", action="store_true")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json", default=None)
-    return p.parse_args(argv)
+    p.add_argument("--real", action="store_true")
+    p.add_argument("--pair-stride", type=int, default=3)
+    realtrace_flags(p)
+    args = p.parse_args(argv)
+    if args.real and args.elements == p.get_default("elements"):
+        args.elements = 27_500_000  # the real trace's size
+    return args
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[str, synthetic.ModelSpec, float]]:
@@ -262,6 +276,11 @@ def _notes(
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.real:
+        import realbench
+
+        args.provenance = f"git {_git_head()}, sources {_source_hash()}"
+        return realbench.main(args)
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     sources = [_source_hash()]

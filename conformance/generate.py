@@ -26,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from vectorgen import (  # noqa: E402
+    chains,
     edge,
     encoder,
     host,
@@ -42,6 +43,7 @@ from vectorgen import (  # noqa: E402
 )
 from vectorgen.suite import FORMAT_VERSION, MANIFEST_VERSION, Suite  # noqa: E402
 
+from wdelta.conformance.manifest import CHAIN_CATEGORIES  # noqa: E402
 from wdelta.errors import CATEGORIES  # noqa: E402
 
 PROFILES = {
@@ -52,10 +54,12 @@ PROFILES = {
     "reverse": "applies a reversible delta to its target to rebuild the base, with the same "
     "guarantees as decoder; refuses non-reversible deltas",
     "encoder": "writes, from a base and a target, a delta that the reference reads and "
-    "applies to the exact target (and base, if reversible) within the size bound; refuses "
-    "malformed checkpoints",
-    "manifest": "reserved: reading and validating chain manifests (chain layer, not yet "
-    "defined); no cases yet",
+    "applies to the exact target (and base, if reversible) and that meets the writer "
+    "requirements W1-W6 of SPEC 11.1; refuses malformed checkpoints; size is reported, "
+    "not bounded",
+    "manifest": "reads a chain manifest revision ({manifest}, named by its key): accepts every "
+    "valid one, refuses every one breaking CH-1..CH-9 with the required category; with the "
+    "chain's files ({store}), refuses missing (RD-3) and disagreeing (RD-2) files",
 }
 
 
@@ -75,6 +79,8 @@ def build_suite() -> Suite:
                         invalid_decode.add_base_cases):  # fmt: skip
         add_invalid(h)
     encoder.add_encoder_cases(suite)
+    chains.add_rule_cases(suite)
+    chains.add_store_cases(suite)
     return suite
 
 
@@ -84,8 +90,7 @@ def manifest(suite: Suite) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "generator": "conformance/generate.py",
         "profiles": PROFILES,
-        "categories": list(CATEGORIES),
-        "encoder_size_bound": encoder.SIZE_BOUND,
+        "categories": list(CATEGORIES) + list(CHAIN_CATEGORIES),
         "cases": sorted(suite.cases, key=lambda c: c["id"]),
     }
 

@@ -24,6 +24,7 @@ import wdelta
 from chainkit import Trainer
 from test_cli import ENV, WDELTA, assert_error
 from wdelta import chain
+from wdelta.chain.local import digest_of_path
 from wdelta.errors import WdeltaError
 
 ARRAYS = {"w": np.arange(64, dtype=np.float32)}
@@ -235,3 +236,83 @@ def test_missing_optional_package_through_the_api(blocked: dict[str, str]) -> No
                          env=blocked, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("unsupported-feature: s3:// storage needs")
+
+
+def test_conformance_load_takes_str_and_refuses_none() -> None:
+    from wdelta import conformance
+
+    root = conformance.default_vectors()
+    assert conformance.load(str(root), check_files=False).cases
+    expect_bad_argument(conformance.load, None)
+
+
+JUNK = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=4),
+    st.binary(max_size=4), st.lists(st.integers(), max_size=2),
+)  # fmt: skip
+
+
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    level=st.one_of(st.integers(-10, 25), JUNK),
+    threads=st.one_of(st.integers(-2, 4), JUNK.filter(lambda v: not isinstance(v, int))),
+    chunk_elements=st.one_of(st.integers(-2, 2**27), JUNK),
+    progress=st.one_of(st.just(lambda n: None), JUNK),
+)
+def test_diff_options_are_used_or_refused(
+    tmp_path: Path, level: Any, threads: Any, chunk_elements: Any, progress: Any
+) -> None:
+    """Any value of any option: a delta, or a WdeltaError and no output."""
+    out = tmp_path / "fuzz.wdelta"
+    out.unlink(missing_ok=True)
+    try:
+        wdelta.diff(ARRAYS, ARRAYS, out, level=level, threads=threads,
+                    chunk_elements=chunk_elements, progress=progress)  # fmt: skip
+    except WdeltaError:
+        assert not out.exists()
+    else:
+        assert wdelta.apply(ARRAYS, out)["w"].tobytes() == ARRAYS["w"].tobytes()
+
+
+def test_a_chain_without_cache_says_how_to_give_one(files: tuple[Path, Path, Path]) -> None:
+    base, _, _ = files
+    store = base.parent / "store"
+    chain.init(store, base)
+    with pytest.raises(WdeltaError) as info:
+        chain.verify(str(store))
+    assert info.value.category == "io-error"
+    assert "cache=FOLDER" in str(info.value)
+
+
+def test_live_weights_api_wrong_kinds(files: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """The in-memory API (apply_inplace, changes, changed_tensors, verify_weights, chain
+    save_weights / weights_digest / load / follow_weights / append_delta) refuses wrong kinds."""
+    base, target, delta = files
+    weights = dict(wdelta.apply(base, delta, reverse=False))  # the target, in memory
+    expect_bad_argument(wdelta.apply_inplace, [1], delta)
+    expect_bad_argument(wdelta.apply_inplace, "a.safetensors", delta)
+    expect_bad_argument(wdelta.apply_inplace, dict(weights), delta, threads="2")
+    expect_bad_argument(wdelta.apply_inplace, dict(weights), delta, tensors=5)
+    expect_bad_argument(lambda: list(wdelta.changes(delta, tensors=5)))
+    expect_bad_argument(lambda: list(wdelta.changed_tensors([1], delta)))
+    expect_bad_argument(lambda: list(wdelta.changed_tensors(weights, delta, threads=0)))
+    expect_bad_argument(wdelta.verify_weights, None, delta)
+    expect_bad_argument(chain.save_weights, [1], tmp_path / "w.safetensors")
+    expect_bad_argument(chain.save_weights, weights, None)
+    expect_bad_argument(chain.weights_digest, [1])
+    expect_bad_argument(chain.load, 5)
+    expect_bad_argument(lambda: list(chain.follow_weights(tmp_path / "s", [1], interval=0)))
+    expect_bad_argument(chain.append_delta, tmp_path / "s", None)
+    chain.save_weights(weights, str(tmp_path / "w.safetensors"))  # a str path is a path
+    assert digest_of_path(tmp_path / "w.safetensors") == digest_of_path(target)
+
+
+def test_apply_inplace_to_its_own_target_says_so(files: tuple[Path, Path, Path]) -> None:
+    base, _, delta = files
+    weights = dict(wdelta.apply(base, delta))
+    with pytest.raises(WdeltaError) as info:
+        wdelta.apply_inplace(weights, delta)
+    assert info.value.category == "base-mismatch"
+    assert "already at the delta's target" in str(info.value)

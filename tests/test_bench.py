@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,3 +63,54 @@ def test_xor_note_says_measured_only_for_the_whole_stream() -> None:
     z19 = {"input_bytes": 1_000_000 - 448, "seconds": 1.0, "stream_bytes": 1_000_000}
     assert "is measured" in bench_run._xor_note(z19, 64)
     assert "is an estimate: 64 MiB" in bench_run._xor_note({**z19, "input_bytes": 500_000}, 64)
+
+
+def test_real_peer_table_end_to_end(tmp_path: Path) -> None:
+    """bench/run.py --real on a tiny trace: every peer measured, every round trip identical.
+
+    (The synthetic cases of --real reuse bench/cases.py, run by the test above.)
+    """
+    for module in ("torch", "zipnn", "matplotlib"):
+        pytest.importorskip(module)
+    out = tmp_path / "peers.json"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--real", "--dir", str(tmp_path),
+         "--trace-root", str(tmp_path / "trace"), "--trace-dim", "32", "--trace-layers", "1",
+         "--trace-heads", "2", "--trace-seq", "17", "--trace-batch", "2", "--trace-pretrain",
+         "2", "--trace-steps", "2", "--trace-lrs", "1e-5", "--pair-stride", "1", "--densities", "",
+         "--fp8-density", "0", "--repeat", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    names = [c["name"] for c in doc["results"]]
+    assert names == ["real bf16 lr1e-05", "real fp8 lr1e-05"]
+    assert [len(c["pairs"]) for c in doc["results"]] == [2, 2]
+    for case in doc["results"]:
+        for pair in case["pairs"]:
+            methods = pair["methods"]
+            assert set(methods) >= {"wdelta", "zstd -3 of XOR", "TRL gaps + values, zstd -3",
+                                    "ZipNN of XOR", "ZipNN of target",
+                                    "zstd -3 of XOR, file to file"}
+            assert all(m["bytes"] > 0 for m in methods.values())
+            assert 0 < pair["bound"]["bytes"] < methods["wdelta"]["bytes"] < pair["full"]
+        assert {"zstd -19 of target", "zstd -19 of XOR"} <= set(case["pairs"][-1]["methods"])
+    fp8 = doc["results"][1]["pairs"][0]
+    assert fp8["bound"]["scale_bytes"] > 0 and fp8["wdelta"]["scale_bytes"] > 0
+    compaction = fp8["wdelta"]["compaction"]
+    # The stored header is the compact JSON plus the prefix and alignment padding.
+    assert compaction[0][1] < fp8["wdelta"]["header_bytes"] <= compaction[0][1] + 4096 + 64
+    assert [n for _, n in compaction] == sorted((n for _, n in compaction), reverse=True)
+    assert "### Targets (issue 15)" in run.stdout and "real fp8 lr1e-05: scale" in run.stdout
+    assert out.with_suffix(".png").stat().st_size > 10_000
+
+    scales = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "scales.py"), fp8["base"], fp8["target"]],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert scales.returncode == 0, scales.stderr
+    rows = [re.match(r"(.*?) +([\d,]+) bytes", line) for line in scales.stdout.splitlines()]
+    found = {m[1]: float(m[2].replace(",", "")) for m in rows if m}
+    assert found["encoder's choice"] == fp8["wdelta"]["scale_bytes"]
+    assert found["information bound"] == pytest.approx(fp8["bound"]["scale_bytes"], abs=1)
+    assert found["encoder's choice"] <= found["dense xor, zstd 3"]

@@ -33,8 +33,9 @@ from wdelta.conformance import (
     select,
 )
 from wdelta.conformance.impl import Outcome, category_of
-from wdelta.conformance.manifest import PROFILES
-from wdelta.errors import CATEGORIES, BadArgumentError
+from wdelta.conformance.manifest import CHAIN_CATEGORIES, PROFILES
+from wdelta.conformance.writer import header_text_violations
+from wdelta.errors import CATEGORIES, BadArgumentError, WdeltaError
 
 REPO = Path(__file__).resolve().parents[1]
 VECTORS = REPO / "conformance"
@@ -87,7 +88,7 @@ def _broken(
 def test_manifest_lists_exactly_the_vector_files(manifest: Manifest) -> None:
     listed: set[Path] = set()
     for case in manifest.cases:
-        assert case.outcome == "valid" or case.category in CATEGORIES
+        assert case.outcome == "valid" or case.category in CATEGORIES + CHAIN_CATEGORIES
         for item in case.inputs.values():
             base = VECTORS / item.path
             listed |= {base if name == "." else base / name for name in item.files}
@@ -121,10 +122,13 @@ REFERENCE_CLI = Templates({
     "decoder": f"{PYTHON} -m wdelta apply -q {{base}} {{delta}} -o {{out}}",
     "reverse": f"{PYTHON} -m wdelta apply -q --reverse {{target}} {{delta}} -o {{out}}",
     "encoder": f"{PYTHON} -m wdelta diff -q {{base}} {{target}} -o {{out}}",
+    "manifest": f"{PYTHON} -m wdelta chain check -q {{manifest}}",
+    "manifest-store": f"{PYTHON} -m wdelta chain check -q {{manifest}} --store {{store}}",
 })  # fmt: skip
 SAMPLE = ["*/valid/host", "*/valid/layout/sharded", "*/invalid/bitmap-trailing-bit",
           "decoder/base-mismatch/missing-tensor", "reverse/not-reversible/full-chunks",
-          "encoder/sharded", "encoder/invalid/target-dtype-f4"]  # fmt: skip
+          "encoder/sharded", "encoder/invalid/target-dtype-f4", "manifest/valid/typical",
+          "manifest/invalid/unreachable", "manifest/store/delta-missing"]  # fmt: skip
 
 
 def test_reference_cli_passes_through_templates(manifest: Manifest, scratch: Path) -> None:
@@ -286,3 +290,176 @@ def test_reference_cli_passes_the_whole_suite(manifest: Manifest, scratch: Path)
     assert {
         i: r.message for i, r in results.items() if r.status != "pass" and not known_bug(i)
     } == {}
+
+
+def _encoders() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("broken_encoders", ENCODERS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+ENCODERS = Path(__file__).with_name("broken_encoders.py")
+SPEC_ENCODERS = _encoders()
+
+
+class _SpecEncoder:
+    """An encoder of tests/broken_encoders.py, run in-process (the suite is slow otherwise)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.name = f"spec encoder {mode}"
+
+    def supports(self, profile: str) -> bool:
+        return profile == "encoder"
+
+    def run(self, profile: str, paths: Mapping[str, Path], timeout: float) -> Outcome:
+        try:
+            data = SPEC_ENCODERS.encode(self.mode, paths["base"], paths["target"])
+        except WdeltaError as exc:
+            return Outcome("refused", exc.category, str(exc), self.name)
+        paths["out"].write_bytes(data)
+        return Outcome("ok", None, "", self.name)
+
+
+ENCODER_SAMPLE = ["encoder/ops", "encoder/sharded", "encoder/finetune-bf16", "encoder/scalars",
+                  "encoder/single-with-index",
+                  "encoder/invalid/target-index-missing-shard"]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", sorted(SPEC_ENCODERS.VARIANTS))
+def test_spec_permitted_encoder_choices_pass(
+    mode: str, manifest: Manifest, scratch: Path
+) -> None:
+    results = _run(manifest, ENCODER_SAMPLE, _SpecEncoder(mode), scratch, strict=True)
+    assert {i: r.message for i, r in results.items() if r.status != "pass"} == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", sorted(SPEC_ENCODERS.VARIANTS))
+def test_spec_permitted_encoder_choices_pass_every_case(
+    mode: str, manifest: Manifest, scratch: Path
+) -> None:
+    results = _run(manifest, ["encoder/*"], _SpecEncoder(mode), scratch, strict=True)
+    assert {i: r.message for i, r in results.items() if r.status != "pass"} == {}
+
+
+# mode -> (cases it must fail, cases where its defect cannot occur and that pass)
+BROKEN_ENCODER_CASES = {
+    "leading-whitespace": (["encoder/ops", "encoder/finetune-bf16"], []),
+    "byte-order-mark": (["encoder/ops"], []),
+    "padding-8-to-15": (["encoder/ops", "encoder/finetune-bf16"], []),
+    "ignored-member": (["encoder/ops", "encoder/sharded"], ["encoder/finetune-bf16"]),
+    "changed-off-by-one": (["encoder/finetune-bf16", "encoder/sharded"], ["encoder/identical"]),
+    "sparse-extra-position": (["encoder/finetune-bf16"], ["encoder/all-changed"]),
+    "base-layout-respaced": (["encoder/finetune-bf16", "encoder/ops"], []),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(SPEC_ENCODERS.BROKEN))
+def test_encoder_breaking_a_writer_requirement_is_caught(
+    mode: str, manifest: Manifest, scratch: Path
+) -> None:
+    must_fail, must_pass = BROKEN_ENCODER_CASES[mode]
+    rule = SPEC_ENCODERS.BROKEN[mode][1]
+    results = _run(manifest, must_fail + must_pass, _SpecEncoder(mode), scratch)
+    for case in must_fail:
+        assert results[case].status == "fail" and rule in results[case].message, results[case]
+    assert all(results[c].status == "pass" for c in must_pass), results
+
+
+def test_spec_encoders_run_through_templates(manifest: Manifest, scratch: Path) -> None:
+    tool = f"{PYTHON} {shlex.quote(str(ENCODERS))}"
+    good = Templates({"encoder": f"{tool} page-padding {{base}} {{target}} {{out}}"})
+    bad = Templates({"encoder": f"{tool} changed-off-by-one {{base}} {{target}} {{out}}"})
+    cases = ["encoder/sharded", "encoder/invalid/target-dtype-f6"]
+    assert {r.status for r in _run(manifest, cases, good, scratch, strict=True).values()} == {
+        "pass"
+    }
+    failed = _run(manifest, cases[:1], bad, scratch)["encoder/sharded"]
+    assert failed.status == "fail" and "W4 §4.6" in failed.message
+
+
+def test_size_is_reported_and_gated_only_on_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["conformance", "run", "--vectors", str(VECTORS), "--filter", "encoder/finetune-bf16",
+            "-v"]  # fmt: skip
+    assert cli.run(argv) == 0
+    out = capsys.readouterr().out
+    assert "1.00x the reference encoder's" in out and "the information estimate" in out
+    report_path = tmp_path / "r.json"
+    argv += ["--max-size-ratio", "0.5", "--json-report", str(report_path)]
+    assert cli.run(argv) == 1
+    assert "larger than --max-size-ratio 0.5" in capsys.readouterr().out
+    doc = json.loads(report_path.read_text())
+    schemas.validator("conformance-report").validate(doc)
+    assert doc["options"]["max_size_ratio"] == 0.5
+    assert cli.run([*argv[:-2], "--max-size-ratio", "0"]) == 2
+    assert "error: bad-argument: --max-size-ratio" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("header", "rules"), [
+    (b'{"a":1}' + b" ", []),
+    (b'{"a":1}\n' + b" " * 7, []),
+    (b'{\n "a": 1\n}', []),
+    (b'{"a":1}' + b" " * 9, ["W2"]),
+    (b'{"a":1}' + b" " * (4096 - 64 - 7), []),
+    (b'{"a":1}' + b" " * (2 * 4096 - 64 - 7), ["W2"]),
+    (b' {"a":1}', ["W1"]),
+    (b'\xef\xbb\xbf{"a":1}' + b" " * 12, ["W1", "W2"]),
+])  # fmt: skip
+def test_header_text_writer_rules(header: bytes, rules: list[str]) -> None:
+    found = [p.split()[0] for p in header_text_violations(header)]
+    assert found == rules
+
+
+def test_docs_give_the_suite_case_counts(manifest: Manifest) -> None:
+    suite_doc = (VECTORS / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    total = len(manifest.cases)
+    assert f"): {total} cases over" in suite_doc and f"SPEC.md: {total} cases in" in readme
+    for profile in PROFILES:
+        count = sum(c.profile == profile for c in manifest.cases)
+        assert f"| `{profile}` | {count} |" in suite_doc, profile
+
+
+READERS = Path(__file__).with_name("broken_manifest_reader.py")
+# mode -> (cases it must fail, cases it must pass)
+BROKEN_READER_CASES = {
+    "plain-json": (["manifest/invalid/duplicate-key",
+                    "manifest/invalid/lone-surrogate", "manifest/invalid/nesting-65"],
+                   ["manifest/valid/typical", "manifest/invalid/unreachable"]),
+    "no-reachability": (["manifest/invalid/unreachable",
+                         "manifest/invalid/unreachable-irreversible"],
+                        ["manifest/valid/large", "manifest/invalid/link-dangling"]),
+    "skip-missing": (["manifest/store/delta-missing", "manifest/store/snapshot-missing"],
+                     ["manifest/store/valid", "manifest/store/delta-corrupted"]),
+}  # fmt: skip
+
+
+def _reader(mode: str) -> Templates:
+    tool = f"{PYTHON} {shlex.quote(str(READERS))} {mode}"
+    return Templates({"manifest": f"{tool} {{manifest}}",
+                      "manifest-store": f"{tool} {{manifest}} --store {{store}}"})  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", sorted(BROKEN_READER_CASES))
+def test_broken_manifest_reader_is_caught(mode: str, manifest: Manifest, scratch: Path) -> None:
+    must_fail, must_pass = BROKEN_READER_CASES[mode]
+    results = _run(manifest, must_fail + must_pass, _reader(mode), scratch, strict=True)
+    failed = {i for i, r in results.items() if r.status == "fail"}
+    assert failed == set(must_fail), {i: results[i].message for i in failed ^ set(must_fail)}
+    assert all("accepted an invalid input" in results[i].message for i in must_fail)
+
+
+def test_storage_cases_need_the_store_template(manifest: Manifest, scratch: Path) -> None:
+    only = Templates({"manifest": _reader("faithful").templates["manifest"]})
+    results = _run(manifest, ["manifest/store/valid", "manifest/valid/minimal"], only, scratch)
+    assert results["manifest/store/valid"].status == "not-tested"
+    assert results["manifest/store/valid"].message == "the template has no {store}"
+    assert results["manifest/valid/minimal"].status == "pass"
+    with pytest.raises(BadArgumentError, match=r"lacks \{store\}"):
+        Templates({"manifest-store": "tool check {manifest}"})

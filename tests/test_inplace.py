@@ -52,7 +52,7 @@ def snapshot(weights: dict[str, Any]) -> dict[str, bytes]:
 
 def make_delta(tmp: Path, base: dict[str, Any], target: dict[str, Any], **kw: Any) -> Path:
     out = tmp / "d.wdelta"
-    wdelta.diff(base, target, out, chunk_elements=CHUNK, **kw)
+    wdelta.diff(base, target, out, chunk_elements=CHUNK, overwrite=True, **kw)
     return out
 
 
@@ -137,20 +137,27 @@ def test_corrupted_blob_midway_restores_base(tmp_path: Path, reversible: bool) -
     assert ("full" in encodings) is not reversible
     _corrupt_last_blob(delta)
     live = {n: a.copy() for n, a in base.items()}
-    written: list[int] = []
-    original = tensors.NumpySlot.write
+    written: list[str] = []
+    write, scatter = tensors.NumpySlot.write, tensors.NumpySlot.scatter
 
-    def spy(self: tensors.NumpySlot, start: int, w: Any) -> None:
-        written.append(start)
-        original(self, start, w)
+    def spy_write(self: tensors.NumpySlot, start: int, w: Any) -> None:
+        written.append("write")
+        write(self, start, w)
 
-    tensors.NumpySlot.write = spy  # type: ignore[method-assign]
+    def spy_scatter(self: tensors.NumpySlot, index: Any, w: Any) -> None:
+        written.append("scatter")
+        scatter(self, index, w)
+
+    tensors.NumpySlot.write = spy_write  # type: ignore[method-assign]
+    tensors.NumpySlot.scatter = spy_scatter  # type: ignore[method-assign]
     try:
         with pytest.raises(wdelta.ChecksumMismatchError):
             wdelta.apply_inplace(live, delta)
     finally:
-        tensors.NumpySlot.write = original  # type: ignore[method-assign]
+        tensors.NumpySlot.write = write  # type: ignore[method-assign]
+        tensors.NumpySlot.scatter = scatter  # type: ignore[method-assign]
     assert written, "the failure must come after some chunks were written"
+    assert ("scatter" in written) is reversible  # sparse chunks touch changed words only
     assert snapshot(live) == snapshot(base)
 
 
@@ -166,16 +173,16 @@ def test_failure_while_writing_restores_torch(
     delta = make_delta(tmp_path, base, target)
     live = {n: t.clone() for n, t in base.items()}
     calls = 0
-    original = tensors.TorchSlot.write
+    original = tensors.NumpySlot.scatter  # CPU tensors are written through NumPy views
 
-    def failing(self: tensors.TorchSlot, start: int, w: Any) -> None:
+    def failing(self: tensors.NumpySlot, index: Any, w: Any) -> None:
         nonlocal calls
         calls += 1
-        original(self, start, w)
+        original(self, index, w)
         if calls == 4:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(tensors.TorchSlot, "write", failing)
+    monkeypatch.setattr(tensors.NumpySlot, "scatter", failing)
     with pytest.raises(KeyboardInterrupt):
         wdelta.apply_inplace(live, delta)
     monkeypatch.undo()
@@ -185,23 +192,27 @@ def test_failure_while_writing_restores_torch(
 
 
 def test_output_digest_mismatch_restores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A decoded tensor that does not hash to its target digest rolls everything back."""
+    """A delta whose last tensor's target digest disagrees with its payloads (as a
+    crafted or miswritten delta would): the tensors written before it are rolled back."""
+    import dataclasses
+
+    from wdelta import decoder
+
     base = model(0)
     delta = make_delta(tmp_path, base, step(base, 1, 0.3))
     live = {n: a.copy() for n, a in base.items()}
-    from wdelta.encodings import chunk as chunk_codec
+    real = decoder.plan_steps
 
-    real = chunk_codec.decode
+    def wrong_last(header: Any, reverse: bool) -> Any:
+        steps = real(header, reverse)
+        last = max(i for i, s in enumerate(steps) if s.entry.op == "modified")
+        steps[last] = dataclasses.replace(steps[last], dst_digest="0" * 64)
+        return steps
 
-    def wrong(*args: Any) -> Any:
-        out = real(*args)
-        out[0] ^= 1
-        return out
-
-    monkeypatch.setattr(chunk_codec, "decode", wrong)
+    monkeypatch.setattr(decoder, "plan_steps", wrong_last)
     with pytest.raises(wdelta.ChecksumMismatchError):
         wdelta.apply_inplace(live, delta)
-    monkeypatch.setattr(chunk_codec, "decode", real)
+    monkeypatch.undo()
     assert snapshot(live) == snapshot(base)
 
 
@@ -267,3 +278,32 @@ def test_not_reversible_in_reverse_is_refused(tmp_path: Path) -> None:
     with pytest.raises(wdelta.NotReversibleError):
         wdelta.apply_inplace(live, delta, reverse=True)
     assert snapshot(live) == snapshot(target)
+
+
+def test_partial_selection_updates_only_the_selected_tensors(tmp_path: Path) -> None:
+    """A tensor-parallel rank holds some tensors only and updates those."""
+    base = model(0)
+    target = step(base, 1)
+    delta = make_delta(tmp_path, base, target)
+    rank = {n: base[n].copy() for n in ("emb", "fp8")}
+    wdelta.apply_inplace(rank, delta, tensors=lambda n: n in ("emb", "fp8"))
+    assert snapshot(rank) == {n: target[n].tobytes() for n in ("emb", "fp8")}
+    with pytest.raises(wdelta.BaseMismatchError):
+        wdelta.apply_inplace(rank, delta, tensors="e*")  # holds fp8, not selected
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_torch_slot_reads_writes_and_hashes_like_numpy(transpose: bool) -> None:
+    """The torch-only slot (used off the CPU) agrees with the NumPy view, exercised on CPU."""
+    t = random_tensor(torch.bfloat16, (37, 29), 3)
+    t = t.t() if transpose else t
+    dev, host = tensors.TorchSlot("w", t), tensors.slot("w", t.clone())
+    assert dev.digest() == host.digest() == tensors.slot("w", t).digest()
+    for start, count in [(0, 100), (500, 573), (1000, 73)]:
+        assert np.array_equal(dev.read(start, count), host.read(start, count))
+        new = np.random.default_rng(start).integers(0, 2**16, count, dtype=np.uint16)
+        dev.write(start, new)
+        host.write(start, new)
+        dev.invalidate()
+        assert np.array_equal(dev.read(start, count), new)
+    assert dev.digest() == host.digest()

@@ -62,6 +62,13 @@ def add_shapes(suite: Suite) -> None:
         "§4.4",
         "an absent chunks member counts as an empty array; ceil(0 / C) = 0",
     )
+    bare = build(pair.base, pair.target, 4, uniform(RICE_SUB))
+    for op in ("removed", "added"):
+        del bare.tensor("e1" if op == "removed" else "e2", op)["chunks"]
+    add_valid(suite, "valid/edge/empty-tensors-no-chunks", pair, bare,
+              "an added and a removed tensor of 0 elements without a chunks member (the "
+              "delta stays reversible: the removed tensor has n = 0)", "§4.4",
+              "an absent chunks member counts as an empty array; ceil(0 / C) = 0")  # fmt: skip
     a_b, a_t = changed("scalar", "s", "F32", (), 1.0)
     b_b, b_t = changed("scalar", "t", "F64", (), 1.0)
     new, gone = same("scalar", "new", "BF16", ()), same("scalar", "gone", "I64", ())

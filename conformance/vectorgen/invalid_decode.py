@@ -8,10 +8,11 @@ import numpy as np
 
 from . import checkpoints as ck
 from .builder import Delta
+from .encoder import BROKEN_FILES, BROKEN_FOLDERS, INPUT_RULE, register_folder
 from .host import A0, CHUNK, Host
 from .invalid_header import Mutation
 from .invalid_rules import OTHER
-from .suite import invalid
+from .suite import invalid, valid
 
 HOST_DELTA = "vectors/delta/valid/host.wdelta"
 BLOB_RULE = (
@@ -58,11 +59,15 @@ def add_integrity_cases(host: Host) -> None:
     host.mutated("blob-checksum", _checksum("a"), "checksum-mismatch", "§9.1", BLOB_RULE,
                  "the checksum of a's first blob altered; the blob itself intact",
                  ("reader", "decoder", "reverse"))  # fmt: skip
+    every = ("reader", "decoder", "reverse")
     host.mutated("blob-corrupted", _corrupt_added, "checksum-mismatch", "§9.1", BLOB_RULE,
-                 "one byte of added tensor c's blob flipped, checksum not updated")  # fmt: skip
+                 "one byte of added tensor c's blob flipped, checksum not updated (in reverse "
+                 "a blob the decoder does not use: it is verified all the same, §10.2)",
+                 every)  # fmt: skip
     host.mutated("removed-blob-checksum", _checksum("d"), "checksum-mismatch", "§9.1",
-                 BLOB_RULE, "the checksum of removed tensor d's blob altered (read in reverse "
-                 "and by readers)", ("reader", "reverse"))  # fmt: skip
+                 BLOB_RULE, "the checksum of removed tensor d's blob altered (forward a blob "
+                 "the decoder does not use: it is verified all the same, §10.2)",
+                 every)  # fmt: skip
     digest_cases = [
         ("wrong-target-digest", "a", "target_digest", "checksum-mismatch", "base-mismatch"),
         ("wrong-added-digest", "c", "target_digest", "checksum-mismatch", "base-mismatch"),
@@ -123,7 +128,41 @@ def add_base_cases(host: Host) -> None:
                   "§10.3", "each file MUST satisfy: header length ≤ 100,000,000, a valid "
                   "header (§4.10), a file length of exactly 8 + H_len + L → checkpoint-invalid",
                   {"base": path, "delta": HOST_DELTA}, invalid("checkpoint-invalid"))  # fmt: skip
+    _add_malformed_inputs(host)
+    _add_extra_files(host)
     _add_reverse_cases(host)
+
+
+def _add_malformed_inputs(host: Host) -> None:
+    """The malformed checkpoints of the encoder cases, given to a decoder as its base."""
+    suite = host.suite
+    for name, (data, category, what) in BROKEN_FILES.items():
+        short = name.removeprefix("target-")
+        path = suite.blob(f"ckpt/broken-base-{short}.safetensors", data)
+        suite.add(f"decoder/base-invalid/{short}", "decoder", f"base checkpoint: {what}",
+                  "§10.3", INPUT_RULE, {"base": path, "delta": HOST_DELTA},
+                  invalid(category))  # fmt: skip
+    for name, (files, category, what) in BROKEN_FOLDERS.items():
+        short = name.removeprefix("target-")
+        path = register_folder(suite, f"broken-base-{short}", files)
+        suite.add(f"decoder/base-invalid/{short}", "decoder", f"base checkpoint: {what}",
+                  "§10.3", INPUT_RULE, {"base": path, "delta": HOST_DELTA},
+                  invalid(category))  # fmt: skip
+
+
+def _add_extra_files(host: Host) -> None:
+    """A base folder with files its index does not name: they are not read."""
+    tensors = list(host.pair.base.tensors)
+    sharded = ck.sharded(tensors, {t.name: "model-00001-of-00001.safetensors" for t in tensors})
+    files = {**sharded.file_bytes(), "config.json": b'{"architectures": ["X"]}\n',
+             "stray.safetensors": b"not a safetensors file"}  # fmt: skip
+    path = register_folder(host.suite, "host-base-extra-files", files)
+    host.suite.add("decoder/valid/layout/extra-files", "decoder",
+                   "the base as a folder with an index, a config.json and a stray "
+                   "*.safetensors file the index does not name", "§10.3",
+                   "the shards are the files weight_map names: other files in the folder are "
+                   "not read", {"base": path, "delta": HOST_DELTA},
+                   valid(host.pair.target))  # fmt: skip
 
 
 def _add_reverse_cases(host: Host) -> None:

@@ -101,6 +101,12 @@ JSON_CASES: list[tuple[str, Mutation, str, str]] = [
      "an integer field written with a fraction", "chunk_elements: 256.0"),
     ("json-integer-exponent", hook(_replace(b'"chunk_elements":256', b'"chunk_elements":2.56e2')),
      "an integer field written with an exponent", "chunk_elements: 2.56e2"),
+    ("json-version-fraction", hook(_replace(b'"version":1', b'"version":1.0')),
+     "an integer field written with a fraction, version included (§4.1 is step 1 of §4.2, "
+     "before the version is read)", "version: 1.0"),
+    ("json-version-exponent", hook(_replace(b'"version":1', b'"version":1e0')),
+     "an integer field written with an exponent, version included (§4.1 is step 1 of §4.2)",
+     "version: 1e0"),
 ]  # fmt: skip
 
 SCHEMA_CASES: list[tuple[str, Mutation, str]] = [
@@ -133,12 +139,22 @@ SCHEMA_CASES: list[tuple[str, Mutation, str]] = [
         path="m" * 244 + ".safetensors")), "a 256-character target file path"),
     ("schema-path-suffix", on_doc(lambda d: d["target"]["files"][0].update(
         path="model.bin")), "target file path model.bin"),
+    ("schema-path-final-line-feed", on_doc(lambda d: d["target"]["files"][0].update(
+        path="model.safetensors\n")),
+     "target file path model.safetensors + line feed (patterns are full matches, §2.2)"),
+    ("schema-digest-final-line-feed", on_tensor("a", lambda t: t.update(
+        base_digest=t["base_digest"] + "\n")),
+     "a base_digest ending in a line feed (patterns are full matches, §2.2)"),
+    ("schema-checksum-final-line-feed", on_tensor("a", lambda t: t["chunks"][0].update(
+        checksum=t["chunks"][0]["checksum"] + "\n")),
+     "a blob checksum ending in a line feed (patterns are full matches, §2.2)"),
 ]  # fmt: skip
 
 VERSION_CASES: list[tuple[str, Mutation, str]] = [
     ("header-version-2", on_doc(setter("version", 2)), "header version 2 in a version-1 file"),
     ("header-version-missing", on_doc(dropper("version")), "no version member"),
     ("header-version-string", on_doc(setter("version", "1")), 'version: "1"'),
+    ("header-version-true", on_doc(setter("version", True)), "version: true"),
 ]
 
 

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wdelta._version import CONFORMANCE_SUITE_VERSION
+
 from .checkpoints import Checkpoint
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = CONFORMANCE_SUITE_VERSION
 FORMAT_VERSION = 1
-PROFILES = ("reader", "decoder", "reverse", "encoder")
+PROFILES = ("reader", "decoder", "reverse", "encoder", "manifest")
 
 
 def sha256(data: bytes) -> str:
@@ -79,7 +81,7 @@ class Suite:
         }  # fmt: skip
         if profile == "encoder":
             case["out"] = "out.wdelta"
-        elif profile != "reader":
+        elif profile not in ("reader", "manifest"):
             folder = expect.get("output", {}).get("layout") == "folder"
             case["out"] = out or ("out" if folder else "out.safetensors")
         self.cases.append(case)

@@ -6,6 +6,7 @@ Public API::
     wdelta.apply(base, "step.wdelta", "new.safetensors")  # decode, verified
     wdelta.verify("step.wdelta", base=base)           # integrity (+ base)
     wdelta.apply_inplace(model_state, "step.wdelta")  # live tensors, all or nothing
+    for c in wdelta.changes("step.wdelta"): ...       # per-chunk changes, for engines
     with wdelta.open_delta("step.wdelta") as d: d.header  # inspect
 
 Every failure raises a :class:`WdeltaError` subclass with a stable
@@ -38,6 +39,7 @@ from .errors import (
 from .header import Chunk, Header, TensorEntry
 from .inplace import apply_inplace
 from .inspect import DeltaSummary, summarize
+from .stream import ChunkChange, changed_tensors, changes, verify_weights
 
 __all__ = [
     "CATEGORIES",
@@ -48,6 +50,7 @@ __all__ = [
     "CheckpointInvalidError",
     "ChecksumMismatchError",
     "Chunk",
+    "ChunkChange",
     "DeltaFile",
     "DeltaFormatError",
     "DeltaSummary",
@@ -66,10 +69,13 @@ __all__ = [
     "__version__",
     "apply",
     "apply_inplace",
+    "changed_tensors",
+    "changes",
     "diff",
     "from_arrays",
     "open_checkpoint",
     "open_delta",
     "summarize",
     "verify",
+    "verify_weights",
 ]

@@ -23,7 +23,16 @@ from .checkpoint.source import Checkpoint, open_checkpoint
 from .container import DeltaFile, open_delta
 from .destination import check_output
 from .encoder import DiffOptions, Progress, diff_checkpoints
-from .errors import BadArgumentError, StorageError
+from .errors import (
+    BadArgumentError,
+    BaseMismatchError,
+    DeltaFormatError,
+    LimitExceededError,
+    NotReversibleError,
+    StorageError,
+    UnsupportedFeatureError,
+)
+from .filekind import naming
 from .header import MAX_CHUNK_ELEMENTS
 from .layout import SideLayout
 from .output_file import OutputFile
@@ -71,6 +80,19 @@ def _checkpoint(source: CheckpointLike, what: str) -> Iterator[Checkpoint]:
             f"{what} must be a checkpoint path, a mapping of tensor names to arrays or a "
             f"Checkpoint, not {type(source).__name__}"
         )
+
+
+@contextlib.contextmanager
+def _naming_inputs(delta: Path, base: object) -> Iterator[None]:
+    """Name the file each error of apply or verify is about: the base or the delta."""
+    about_delta = (DeltaFormatError, NotReversibleError, UnsupportedFeatureError,
+                   LimitExceededError)  # fmt: skip
+    with naming(delta, *about_delta):
+        if not is_path(base):
+            yield
+            return
+        with naming(as_path(base, "base"), BaseMismatchError, subject="input"):
+            yield
 
 
 def _check_options(threads: object, progress: object) -> int:
@@ -176,14 +198,19 @@ def apply(
     mapping holding torch tensors, else NumPy arrays (ml_dtypes for bf16/fp8).
     Every digest is verified; on any failure nothing is written at ``out``.
     ``out`` must not be an input (nor a link to one, nor inside an input
-    folder) and must not exist unless ``overwrite`` (BadArgumentError,
-    before anything is read).
+    folder) and must not exist unless ``overwrite`` (BadArgumentError, before
+    anything is read).
     """
     threads = _check_options(threads, progress)
     path = None if out is None else as_path(out, "out")
+    delta_path = as_path(delta, "delta")
     if path is not None:
-        check_output(path, _paths(base=base, delta=delta), overwrite=bool(overwrite))
-    with open_delta(as_path(delta, "delta")) as d, _checkpoint(base, "base") as ckpt:
+        check_output(path, _paths(base=base, delta=delta_path), overwrite=bool(overwrite))
+    with (
+        open_delta(delta_path) as d,
+        _checkpoint(base, "base") as ckpt,
+        _naming_inputs(delta_path, base),
+    ):
         steps = decoder.plan_steps(d.header, reverse)
         decoder.check_input(d.header, ckpt, reverse)
         if path is None:
@@ -204,7 +231,8 @@ def verify(
     With a base the full apply runs without writing, so every digest is checked.
     """
     threads = _check_options(threads, progress)
-    with open_delta(as_path(delta, "delta")) as d:
+    delta_path = as_path(delta, "delta")
+    with open_delta(delta_path) as d, _naming_inputs(delta_path, base):
         if base is None:
             decoder.check_blobs(d, threads, progress)
             return

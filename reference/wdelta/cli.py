@@ -23,6 +23,7 @@ from .errors import BadArgumentError, StorageError, WdeltaError
 from .header import FORMAT_VERSION
 from .inspect import DeltaSummary, summarize
 from .malloc_tuning import keep_chunk_buffers
+from .terminal import printable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,9 +64,14 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             progress=progress, overwrite=args.force,
         )  # fmt: skip
     if not args.quiet:
-        with open_delta(args.output) as d:
-            s = summarize(d)
-        print(f"wrote {args.output}: {s.file_bytes} bytes, {s.ratio:.4%} of the target")
+        try:
+            with open_delta(args.output) as d:
+                s = summarize(d)
+        except WdeltaError:
+            # A command that reports an error leaves no output (SPEC.md §10.5).
+            os.unlink(args.output)
+            raise
+        print(printable(f"wrote {args.output}: {s.file_bytes} bytes, {s.ratio:.4%} of the target"))
     return 0
 
 
@@ -100,7 +106,8 @@ def _format_summary(s: DeltaSummary) -> str:
             f"{t.name[:40]:40} {t.op:9} {t.dtype:8} {t.density:9.4%} {t.raw_bytes:12} "
             f"{t.stored_bytes:11} {enc} {tr}".rstrip()
         )
-    return "\n".join(lines)
+    # Names and the generator come from the (possibly hostile) file.
+    return "\n".join(printable(line) for line in lines)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -120,7 +127,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     with _progress(args, total, "verify") as progress:
         api.verify(args.delta, args.base, threads=args.threads, progress=progress)
     if not args.quiet:
-        print(f"ok: {args.delta}" + (f" applies to {args.base}" if args.base else ""))
+        line = f"ok: {args.delta}" + (f" applies to {args.base}" if args.base else "")
+        print(printable(line))
     return 0
 
 
@@ -276,7 +284,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(exc: WdeltaError) -> int:
-    message = " ".join(str(exc).split())
+    message = printable(" ".join(str(exc).split()))
     print(f"error: {exc.category}: {message}", file=sys.stderr)
     return 2 if isinstance(exc, BadArgumentError) else 1
 

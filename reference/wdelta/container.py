@@ -26,10 +26,12 @@ from .errors import (
     StorageError,
     TruncatedError,
     UnsupportedVersionError,
+    WdeltaError,
 )
+from .filekind import USAGE_APPLY, WDELTA_MAGIC, naming, not_a_delta, sniff_fd
 from .header import FORMAT_VERSION, Chunk, Header, parse_header
 
-MAGIC = b"\x89WDELTA\n"
+MAGIC = WDELTA_MAGIC
 PREFIX = struct.Struct("<8sII Q32sQ".replace(" ", ""))
 PREFIX_SIZE = 64
 MAX_HEADER_BYTES = 100_000_000
@@ -94,30 +96,47 @@ class DeltaFile:
         buf = bytearray(chunk.length)
         pread_into(self._fd, memoryview(buf), self.data_start + chunk.offset)
         if digest_bytes(buf) != chunk.checksum:
-            raise ChecksumMismatchError(f"blob at data offset {chunk.offset}: checksum mismatch")
+            raise ChecksumMismatchError(
+                f"{self.path}: blob at data offset {chunk.offset}: checksum mismatch"
+            )
         return bytes(buf)
 
     def payload(self, chunk: Chunk) -> bytes:
         """The decompressed payload of a chunk's blob (checksum and size checked)."""
-        return codec.decompress(chunk.codec, self.read_blob(chunk), chunk.raw_length)
+        blob = self.read_blob(chunk)
+        with naming(self.path, WdeltaError):
+            return codec.decompress(chunk.codec, blob, chunk.raw_length)
+
+
+def _read_header(fd: int, path: Path) -> tuple[Header, int, int]:
+    """The validated header of the open delta ``fd``, its length N and data length D."""
+    size = os.fstat(fd).st_size
+    prefix = os.pread(fd, PREFIX_SIZE, 0)
+    if size == 0 or prefix[:8] != MAGIC[: len(prefix[:8])]:
+        mistake = not_a_delta(path, sniff_fd(fd, path))
+        raise (TruncatedError if size == 0 else BadMagicError)(mistake)
+    n, digest, d = parse_prefix(prefix, size)
+    header_bytes = bytearray(n)
+    pread_into(fd, memoryview(header_bytes), PREFIX_SIZE)
+    if blake3.blake3(header_bytes).digest() != digest:
+        raise ChecksumMismatchError("header digest mismatch: the header is corrupt")
+    return parse_header(bytes(header_bytes), d), n, d
 
 
 def open_delta(path: str | os.PathLike[str]) -> DeltaFile:
     """Open a delta file and validate its prefix and header (not its blobs)."""
     p = as_path(path, "delta")
+    if p.is_dir():
+        raise StorageError(f"{p} is a folder; a delta is one .wdelta file: {USAGE_APPLY}")
+    if p.exists() and not p.is_file():
+        raise StorageError(f"{p} is not a regular file")
     try:
         fd = os.open(p, os.O_RDONLY)
     except OSError as exc:
         raise StorageError(f"cannot open {p}: {exc}") from exc
     try:
-        size = os.fstat(fd).st_size
-        prefix = os.pread(fd, PREFIX_SIZE, 0)
-        n, digest, d = parse_prefix(prefix, size)
-        header_bytes = bytearray(n)
-        pread_into(fd, memoryview(header_bytes), PREFIX_SIZE)
-        if blake3.blake3(header_bytes).digest() != digest:
-            raise ChecksumMismatchError("header digest mismatch: the header is corrupt")
-        header = parse_header(bytes(header_bytes), d)
+        with naming(p, WdeltaError):
+            header, n, d = _read_header(fd, p)
     except OSError as exc:
         os.close(fd)
         raise StorageError(f"cannot read {p}: {exc}") from exc

@@ -67,13 +67,26 @@ def plan_steps(header: Header, reverse: bool) -> list[Step]:
     return steps
 
 
+def at_output_side(reverse: bool, evidence: str) -> str:
+    """The message for an input that is already what the delta would produce."""
+    if reverse:
+        return (f"input is already at the delta's base ({evidence}): nothing to do "
+                "(or apply without --reverse to go forward)")  # fmt: skip
+    return (f"input is already at the delta's target ({evidence}): nothing to do "
+            "(or use --reverse to go back)")  # fmt: skip
+
+
 def check_input(header: Header, ckpt: Checkpoint, reverse: bool) -> None:
     """The input must hold exactly the input side's tensors, dtypes and shapes."""
-    side = "target" if reverse else "base"
+    side, other = ("target", "base") if reverse else ("base", "target")
     expected = {t.name: (t.dtype, t.shape) for t in header.side_tensors(side)}
     actual = {t.name: (t.dtype, t.shape) for t in ckpt.tensors.values()}
     if expected == actual:
         return
+    if actual == {t.name: (t.dtype, t.shape) for t in header.side_tensors(other)}:
+        raise BaseMismatchError(
+            at_output_side(reverse, f"it has the {other}'s tensors, dtypes and shapes")
+        )
     missing = sorted(set(expected) - set(actual))
     extra = sorted(set(actual) - set(expected))
     differ = sorted(n for n in set(expected) & set(actual) if expected[n] != actual[n])
@@ -93,6 +106,11 @@ def check_digests(step: Step, src_hex: str, dst_hex: str) -> None:
     """Compare a finished step's input and output digests with the header."""
     name = step.entry.name
     if step.src_digest is not None and src_hex != step.src_digest:
+        if src_hex == step.dst_digest:
+            side = "base" if step.reverse else "target"
+            raise BaseMismatchError(
+                at_output_side(step.reverse, f"tensor {name!r} has its {side} bytes")
+            )
         raise BaseMismatchError(f"tensor {name!r}: input bytes differ from the delta's digest")
     if step.entry.op == "unchanged":
         dst_hex = src_hex

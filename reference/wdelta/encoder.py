@@ -17,11 +17,11 @@ from typing import Any, BinaryIO
 from . import prepend
 from ._version import __version__
 from .atomic import atomic_file
-from .checkpoint.source import Checkpoint, Tensor, Words
+from .checkpoint.source import Checkpoint, Tensor, Words, is_index_name, is_shard_name
 from .container import MAX_HEADER_BYTES, PREFIX_SIZE, pack_prefix
 from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest, digest_bytes
 from .encodings import chunk as chunk_codec
-from .errors import BadArgumentError, LimitExceededError
+from .errors import BadArgumentError, CheckpointInvalidError, LimitExceededError
 from .header import FORMAT_VERSION, MAX_CHUNK_ELEMENTS
 from .layout import side_json
 from .output_file import BackgroundSync, pwrite_all, start_writeback
@@ -267,6 +267,8 @@ def diff_checkpoints(
     header are put in front of them once the header is known (:func:`_prepend`).
     """
     opts.check()
+    _check_describable(base, "base")
+    _check_describable(target, "target")
     plans = _plans(base, target)
     with atomic_file(out, overwrite=overwrite) as fd:
         with os.fdopen(os.dup(fd), "wb") as data:
@@ -278,6 +280,17 @@ def diff_checkpoints(
                 blobs.close()
         _prepend(fd, _header_bytes(base, target, plans, opts), blobs.offset)
     return out
+
+
+def _check_describable(ckpt: Checkpoint, side: str) -> None:
+    """Refuse, before anything is written, a layout the header rules reject (§4.9)."""
+    for name in ckpt.files:
+        if not is_shard_name(name):
+            raise CheckpointInvalidError(
+                f"{side}: file name {name!r} cannot be recorded in a delta"
+            )
+    if ckpt.index is not None and not is_index_name(ckpt.index[0]):
+        raise CheckpointInvalidError(f"{side}: index name {ckpt.index[0]!r} cannot be recorded")
 
 
 def _prepend(fd: int, header: bytes, data_length: int) -> None:

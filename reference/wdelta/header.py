@@ -112,7 +112,10 @@ def parse_header(data: bytes, data_length: int) -> Header:
     """Validate header bytes against a data section of ``data_length`` bytes."""
     raw = load_json(data)
     version = raw.get("version")
-    if version != FORMAT_VERSION:
+    if isinstance(version, float):
+        # §4.1 (step 1) forbids a fraction or exponent in an integer field.
+        raise HeaderInvalidError(f"header version {version!r} is not written as an integer")
+    if type(version) is not int or version != FORMAT_VERSION:
         raise UnsupportedVersionError(f"header version {version!r}; this reader implements 1")
     features = raw.get("required_features")
     if isinstance(features, list):

@@ -8,8 +8,10 @@ at the output side:
    (``base-mismatch``), output tensors must be writable (``bad-argument``);
 2. every input tensor is hashed against its digest before any byte changes;
 3. chunks are decoded on a thread pool (scratch: a few chunks) and written
-   back in place in order, each one journalled; every output tensor is hashed
-   against its digest as it completes (``verify_output=False`` skips this);
+   back in place in order, each one journalled (a ``sparse`` chunk gathers and
+   scatters its changed words only); every output tensor is hashed from
+   memory against its digest as it completes (``verify_output=False`` skips
+   this);
 4. on any failure the journal is undone newest first: a ``sparse`` or
    ``dense`` chunk by decoding its blob in the other direction over the
    written words (the transforms are bijections, SPEC §6), a ``full`` chunk
@@ -31,16 +33,22 @@ from typing import Any
 
 import numpy as np
 
-from . import decoder, tensors
-from .checkpoint.source import Checkpoint, Tensor, Words
+from . import decoder
+from . import tensors as live
+from .arguments import check_int, check_mapping
+from .checkpoint.source import Words
 from .container import DeltaFile, open_delta
 from .digest import new_hasher
 from .encodings import chunk as chunk_codec
-from .errors import BadArgumentError, BaseMismatchError, ChecksumMismatchError
+from .encodings import sparse, transform
+from .errors import (
+    BadArgumentError,
+    BaseMismatchError,
+    ChecksumMismatchError,
+    EncodingInvalidError,
+)
 from .pipeline import ordered_map
-from .tensors import Slot
-
-_READ_BLOCK = 1 << 22  # elements hashed per read of a tensor that has no zero-copy view
+from .tensors import Select, Slot, selector
 
 
 @dataclass(frozen=True)
@@ -77,12 +85,21 @@ class _Journal:
 
 
 def _slots(weights: MutableMapping[str, Any]) -> dict[str, Slot]:
-    return {name: tensors.slot(name, value) for name, value in weights.items()}
+    return {name: live.slot(name, value) for name, value in weights.items()}
 
 
-def _check_structure(delta: DeltaFile, slots: dict[str, Slot], steps: list[decoder.Step]) -> None:
-    shapes = {n: Tensor(n, s.dtype, s.shape) for n, s in slots.items()}
-    decoder.check_input(delta.header, Checkpoint(shapes, {}), steps[0].reverse if steps else False)
+def _check_structure(slots: dict[str, Slot], steps: list[decoder.Step]) -> None:
+    """The mapping holds exactly the (selected) input side: names, dtypes, shapes."""
+    expected = {s.entry.name: (s.entry.dtype, s.entry.shape) for s in steps if s.src_digest}
+    actual = {n: (s.dtype, s.shape) for n, s in slots.items()}
+    if expected != actual:
+        missing = sorted(set(expected) - set(actual))
+        extra = sorted(set(actual) - set(expected))
+        differ = sorted(n for n in set(expected) & set(actual) if expected[n] != actual[n])
+        raise BaseMismatchError(
+            f"weights are not the delta's input: missing {missing[:3]}, unexpected "
+            f"{extra[:3]}, dtype/shape differs for {differ[:3]}"
+        )
     for step in steps:
         if _writes(step) and not slots[step.entry.name].writable:
             raise BadArgumentError(f"tensor {step.entry.name!r} is read-only")
@@ -94,22 +111,16 @@ def _writes(step: decoder.Step) -> bool:
     return both and step.entry.op == "modified"
 
 
-def _hash_slot(slot: Slot) -> str:
-    hasher = new_hasher(1)
-    view = slot.whole()
-    if view is not None:
-        hasher.update(view)
-    else:
-        for start in range(0, slot.elements, _READ_BLOCK):
-            hasher.update(slot.read(start, min(_READ_BLOCK, slot.elements - start)).data.cast("B"))
-    return str(hasher.hexdigest())
-
-
 def _verify_inputs(steps: list[decoder.Step], slots: dict[str, Slot], threads: int) -> None:
     """Every input tensor against its digest, before anything is written."""
     checked = [s for s in steps if s.src_digest is not None]
-    digests = ordered_map(lambda s: _hash_slot(slots[s.entry.name]), checked, threads, 1)
+    digests = ordered_map(lambda s: slots[s.entry.name].digest(), checked, threads, 1)
     for step, digest in zip(checked, digests, strict=True):
+        if digest != step.src_digest and digest == step.dst_digest:
+            evidence = (
+                f"tensor {step.entry.name!r} has its {'base' if step.reverse else 'target'} bytes"
+            )
+            raise BaseMismatchError(decoder.at_output_side(step.reverse, evidence))
         if digest != step.src_digest:
             raise BaseMismatchError(
                 f"tensor {step.entry.name!r}: weights differ from the delta's input digest"
@@ -125,62 +136,75 @@ def _tasks(
             yield _Task(step, slots[step.entry.name], i, start, min(chunk_elements, n - start))
 
 
-def _decode(delta: DeltaFile, task: _Task, reverse: bool) -> tuple[_Task, Words, Words | None]:
-    """(task, output words, old words to keep for undo or None)."""
+@dataclass(frozen=True)
+class _Decoded:
+    """A chunk's new words: at ``index`` (element indices of the tensor) when sparse,
+    else the whole chunk; ``old`` the words to restore on undo (``full`` chunks)."""
+
+    task: _Task
+    words: Words | None
+    index: np.ndarray[Any, Any] | None = None
+    old: Words | None = None
+
+
+def _decode(delta: DeltaFile, task: _Task, reverse: bool) -> _Decoded:
+    """A sparse chunk touches only its changed words (gathered, transformed, scattered
+    back by the caller); other encodings rebuild the whole chunk."""
     chunk = task.step.chunk(task.index)
+    word = task.step.entry.dtype.word
+    if chunk.encoding == "unchanged":
+        return _Decoded(task, None)
+    payload = delta.payload(chunk)
+    if chunk.encoding == "sparse" and task.slot.gathers:
+        assert chunk.transform is not None
+        pos, values = sparse.decode(payload, task.count, word)
+        if len(pos) != chunk.changed:
+            raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header "
+                                       f"{chunk.changed}")  # fmt: skip
+        index = pos.astype(np.intp) + task.start
+        invert = transform.to_base if reverse else transform.to_target
+        return _Decoded(task, invert(chunk.transform, task.slot.gather(index), values), index)
     source = task.slot.read(task.start, task.count)
     if chunk.encoding == "full":
-        full = np.frombuffer(delta.payload(chunk), task.step.entry.dtype.word, task.count)
-        return task, full, source
-    if chunk.encoding == "unchanged":
-        assert source is not None
-        return task, source, None
+        return _Decoded(task, np.frombuffer(payload, word, task.count), old=source)
     out = chunk_codec.decode(
-        chunk.encoding, chunk.transform, delta.payload(chunk), source, task.count,
-        task.step.entry.dtype.word, reverse, chunk.changed,
+        chunk.encoding, chunk.transform, payload, source, task.count, word, reverse,
+        chunk.changed,
     )  # fmt: skip
-    return task, out, None
+    return _Decoded(task, out)
 
 
-@dataclass
-class _Outputs:
-    """Output digests of the tensors being written, fed chunk by chunk in order."""
-
-    verify: bool
-    hashers: dict[str, Any] = field(default_factory=dict)
-
-    def feed(self, task: _Task, words: Words) -> None:
-        if not self.verify:
-            return
-        name = task.step.entry.name
-        hasher = self.hashers.setdefault(name, new_hasher(1))
-        hasher.update(words.data.cast("B"))
-        if task.start + task.count == task.step.entry.elements:
-            digest = str(self.hashers.pop(name).hexdigest())
-            if digest != task.step.dst_digest:
-                raise ChecksumMismatchError(
-                    f"tensor {name!r}: decoded bytes do not match its digest"
-                )
+def _check_output(slot: Slot, step: decoder.Step) -> None:
+    """The tensor as now stored must hash to the step's output digest."""
+    slot.invalidate()
+    if slot.digest() != step.dst_digest:
+        raise ChecksumMismatchError(f"tensor {step.entry.name!r}: decoded bytes do not match")
 
 
 def _update(
     delta: DeltaFile, steps: list[decoder.Step], slots: dict[str, Slot], journal: _Journal,
     threads: int, verify: bool,
 ) -> None:  # fmt: skip
-    """Write every modified tensor in place, journalling each chunk."""
-    outputs = _Outputs(verify)
-    tasks = _tasks([s for s in steps if _writes(s)], slots, delta.header.chunk_elements)
+    """Write every modified tensor in place, journalling each chunk; with ``verify``
+    each tensor is hashed from memory once its last chunk is written."""
+    writes = [s for s in steps if _writes(s)]
+    tasks = _tasks(writes, slots, delta.header.chunk_elements)
     # Closed on error, so that no worker still reads while the journal is undone.
     decoded = ordered_map(lambda t: _decode(delta, t, journal.reverse), tasks, threads)
     with contextlib.closing(decoded):
-        for task, words, old in decoded:
-            if task.step.chunk(task.index).encoding != "unchanged":
-                journal.done.append((task, old))
-                task.slot.write(task.start, words)
-            outputs.feed(task, words)
-    for step in steps:
-        if _writes(step) and step.entry.elements == 0:
-            outputs.feed(_Task(step, slots[step.entry.name], 0, 0, 0), np.empty(0, np.uint8))
+        for done in decoded:
+            task = done.task
+            if done.words is not None:
+                journal.done.append((task, done.old))
+                if done.index is not None:
+                    task.slot.scatter(done.index, done.words)
+                else:
+                    task.slot.write(task.start, done.words)
+            if verify and task.start + task.count == task.step.entry.elements:
+                _check_output(task.slot, task.step)
+    for step in writes:
+        if verify and step.entry.elements == 0:
+            _check_output(slots[step.entry.name], step)
 
 
 def _build_added(
@@ -202,7 +226,7 @@ def _build_added(
         hasher.update(words.data.cast("B"))
         if verify and str(hasher.hexdigest()) != step.dst_digest:
             raise ChecksumMismatchError(f"tensor {entry.name!r}: decoded bytes do not match")
-        added[entry.name] = tensors.present(words, entry.dtype, entry.shape, device)
+        added[entry.name] = live.present(words, entry.dtype, entry.shape, device)
     return added
 
 
@@ -227,7 +251,7 @@ def _dedupe_tied(steps: list[decoder.Step], slots: dict[str, Slot]) -> list[deco
 
 def apply_inplace(
     weights: MutableMapping[str, Any], delta: str | os.PathLike[str], reverse: bool = False,
-    *, verify_output: bool = True, threads: int = 2,
+    *, verify_output: bool = True, threads: int = 2, tensors: Select = None,
 ) -> None:  # fmt: skip
     """Update ``weights`` (NumPy arrays / torch tensors by name) in place by ``delta``.
 
@@ -239,19 +263,23 @@ def apply_inplace(
     non-reversible delta keep their old words until the end).
     ``verify_output=False`` skips hashing the outputs (inputs are always
     checked); only for deltas already verified against these weights.
+    ``tensors`` (an fnmatch pattern or a predicate on names) restricts the
+    update to those tensors; ``weights`` then holds exactly the selected
+    input tensors (a tensor-parallel rank's shard of the model).
     """
-    if threads < 1:
-        raise BadArgumentError("threads must be >= 1")
+    check_mapping(weights, "weights", mutable=True)
+    check_int(threads, "threads", 1)
     with open_delta(delta) as d:
-        steps = decoder.plan_steps(d.header, reverse)
+        keep = selector(tensors)
+        steps = [s for s in decoder.plan_steps(d.header, reverse) if keep(s.entry.name)]
         slots = _slots(weights)
-        _check_structure(d, slots, steps)
+        _check_structure(slots, steps)
         steps = _dedupe_tied(steps, slots)
         _verify_inputs(steps, slots, threads)
         journal = _Journal(d, reverse)
         try:
             _update(d, steps, slots, journal, threads, verify_output)
-            added = _build_added(d, steps, tensors.torch_device(weights), verify_output)
+            added = _build_added(d, steps, live.torch_device(weights), verify_output)
         except BaseException:
             journal.undo()
             raise

@@ -12,20 +12,43 @@ written element-wise through their strides (NumPy ``flat``, torch
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Union
 
 import numpy as np
 
 from .checkpoint.safetensors_header import build_header
 from .checkpoint.source import SINGLE_FILE_NAME, Checkpoint, Tensor, Words, from_arrays
+from .digest import new_hasher
 from .dtypes import DType, from_numpy, from_type_name, to_numpy, type_name
 from .errors import BadArgumentError, UnsupportedFeatureError
 
 # torch dtype names are numpy/ml_dtypes names (torch.bfloat16 -> "bfloat16").
+# Elements per read when hashing a tensor that has no zero-copy host view.
+_HASH_BLOCK = 1 << 22
 _TORCH_PREFIX = "torch."
+
+
+# Which tensors to touch: fnmatch patterns on names, comma-separated (as ``chain pull
+# --tensors``), a predicate, or None (all).
+Select = Union[str, Callable[[str], bool], None]  # noqa: UP007
+
+
+def selector(select: Select) -> Callable[[str], bool]:
+    """A predicate on tensor names for a :data:`Select`."""
+    if select is None:
+        return lambda name: True
+    if isinstance(select, str):
+        patterns = [p.strip() for p in select.split(",")]
+        return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    if not callable(select):
+        raise BadArgumentError(
+            f"tensors must be a pattern, a predicate on names or None, not {type(select).__name__}"
+        )
+    return select
 
 
 def is_torch(value: object) -> bool:
@@ -78,6 +101,18 @@ class Slot:
         """The tensor's bytes without a copy, when it is contiguous in host memory."""
         return None
 
+    def digest(self) -> str:
+        """BLAKE3 of the tensor's bytes (SPEC §9.3), read without a copy when possible."""
+        hasher = new_hasher(1)
+        view = self.whole()
+        if view is not None:
+            hasher.update(view)
+            return str(hasher.hexdigest())
+        for start in range(0, self.elements, _HASH_BLOCK):
+            words = self.read(start, min(_HASH_BLOCK, self.elements - start))
+            hasher.update(words.data.cast("B"))
+        return str(hasher.hexdigest())
+
     def storage_key(self) -> tuple[Any, ...]:
         """Equal for two slots over the same memory with the same layout (tied weights)."""
         raise NotImplementedError
@@ -89,12 +124,25 @@ class Slot:
     def writable(self) -> bool:
         return True
 
+    # Whether ``gather``/``scatter`` are cheap here (host memory), so that a
+    # sparse chunk need not be read and written whole.
+    gathers = False
+
+    def gather(self, index: np.ndarray[Any, Any]) -> Words:
+        """Words at element ``index`` (row-major), a fresh array."""
+        raise NotImplementedError
+
+    def scatter(self, index: np.ndarray[Any, Any], words: Words) -> None:
+        """Store ``words`` at element ``index``."""
+        raise NotImplementedError
+
 
 class NumpySlot(Slot):
     """A NumPy array (native little-endian) viewed as words."""
 
-    def __init__(self, name: str, array: np.ndarray[Any, Any]) -> None:
-        self.name, self.dtype, self.shape = name, from_numpy(array.dtype), tuple(array.shape)
+    def __init__(self, name: str, array: np.ndarray[Any, Any], dtype: DType | None = None) -> None:
+        self.name, self.shape = name, tuple(array.shape)
+        self.dtype = from_numpy(array.dtype) if dtype is None else dtype
         order = array.dtype.byteorder
         if order == ">" or (order in "=|" and sys.byteorder == "big"):
             raise BadArgumentError(f"tensor {name!r}: big-endian arrays cannot be used in place")
@@ -120,13 +168,29 @@ class NumpySlot(Slot):
     def whole(self) -> memoryview | None:
         return None if self._flat is None else self._flat.data.cast("B")
 
+    gathers = True
+
+    def gather(self, index: np.ndarray[Any, Any]) -> Words:
+        if self._flat is not None:
+            taken: Words = self._flat.take(index)
+            return taken
+        out: Words = self._words.flat[index]
+        return out
+
+    def scatter(self, index: np.ndarray[Any, Any], words: Words) -> None:
+        if self._flat is not None:
+            self._flat[index] = words
+        else:
+            self._words.flat[index] = words
+
     def storage_key(self) -> tuple[Any, ...]:
         pointer = self._words.__array_interface__["data"][0]
         return ("numpy", pointer, self._words.shape, self._words.strides, self.dtype)
 
 
 class TorchSlot(Slot):
-    """A torch tensor on any device, viewed as integer words of its width.
+    """A torch tensor on any device, viewed as integer words of its width, through
+    torch operations only (:func:`slot` uses it for tensors off the CPU).
 
     A tensor off the CPU is copied to host once per pass (one transfer per
     tensor, not per chunk), held while its chunks are read; writes are
@@ -194,8 +258,18 @@ def _numpy_signed(size: int) -> np.dtype[Any]:
 
 
 def slot(name: str, value: Any) -> Slot:
-    """The :class:`Slot` of a NumPy array or torch tensor."""
+    """The :class:`Slot` of a NumPy array or torch tensor.
+
+    A CPU torch tensor is accessed through a NumPy view of its memory: torch's
+    own ``copy_`` on small slices, running its intra-op threads beside
+    wdelta's workers, measured 40 ms per 0.5 MB chunk on two busy cores, where
+    a NumPy copy takes well under 1 ms.
+    """
     if is_torch(value):
+        if value.device.type == "cpu":
+            dtype = dtype_of(value)
+            words = value.detach().view(_torch_word(dtype.size)).numpy()
+            return NumpySlot(name, words.view(dtype.word), dtype)
         return TorchSlot(name, value)
     if isinstance(value, np.ndarray):
         return NumpySlot(name, value)

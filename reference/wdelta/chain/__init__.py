@@ -7,12 +7,16 @@ Python API (SPEC.md "Chains")::
     chain.init(c, Path("step0.safetensors"))
     chain.append(c, Path("step1.safetensors"), base=Path("step0.safetensors"))
     chain.pull(c, Path("node/model.safetensors"))            # to the head
+    chain.Publisher(c).publish(model.state_dict(), step=1)   # from memory
+    for v in chain.follow_weights(c, weights): ...           # into memory
     m = chain.parse_manifest(data)                           # read-only tooling
 
 Every failure is a :class:`wdelta.WdeltaError` with a stable category; the
 chain adds ``manifest-invalid``, ``chain-broken``, ``not-found`` and ``conflict``.
 """
 
+from .backoff import Backoff
+from .cachegc import GcResult, gc_chain
 from .compose import compose, squash
 from .errors import (
     CHAIN_CATEGORIES,
@@ -21,6 +25,7 @@ from .errors import (
     ManifestInvalidError,
     NotFoundError,
 )
+from .live import Publisher, follow_weights, load, save_weights, weights_digest
 from .manifest import (
     Link,
     Manifest,
@@ -30,7 +35,7 @@ from .manifest import (
     parse_manifest,
     read_manifest,
 )
-from .ops import AppendOptions, append, init, log_rows, verify
+from .ops import AppendOptions, append, append_delta, init, log_rows, verify
 from .prune import Policy, prune
 from .pull import PullResult, follow, pull
 from .storage import LocalStorage, ObjectInfo, Storage, open_storage
@@ -39,9 +44,11 @@ from .store import Chain
 __all__ = [
     "CHAIN_CATEGORIES",
     "AppendOptions",
+    "Backoff",
     "Chain",
     "ChainBrokenError",
     "ConflictError",
+    "GcResult",
     "Link",
     "LocalStorage",
     "Manifest",
@@ -49,21 +56,28 @@ __all__ = [
     "NotFoundError",
     "ObjectInfo",
     "Policy",
+    "Publisher",
     "PullResult",
     "Snapshot",
     "SnapshotFile",
     "Storage",
     "Version",
     "append",
+    "append_delta",
     "compose",
     "follow",
+    "follow_weights",
+    "gc_chain",
     "init",
+    "load",
     "log_rows",
     "open_storage",
     "parse_manifest",
     "prune",
     "pull",
     "read_manifest",
+    "save_weights",
     "squash",
     "verify",
+    "weights_digest",
 ]

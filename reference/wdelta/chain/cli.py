@@ -1,4 +1,5 @@
-"""``wdelta chain ...``: init, append, log, verify, pull, squash, prune.
+"""``wdelta chain ...``: init, append, log, verify, check, pull, squash, prune, gc,
+check-storage.
 
 ``register(subparsers, help)`` adds the ``chain`` command to the main parser; each
 subcommand's ``func`` returns the exit status and lets WdeltaError propagate
@@ -18,10 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import temp_dir
-from ..errors import BadArgumentError
+from ..errors import BadArgumentError, WdeltaError
+from ..terminal import printable
 from . import ops
+from .backoff import Backoff
+from .cachegc import gc_chain
+from .checkstore import check_storage
 from .compose import squash
-from .manifest import Manifest
+from .manifest import Manifest, read_manifest
 from .prune import Policy, prune
 from .pull import PullResult, follow, pull
 from .storage import open_storage
@@ -51,6 +56,11 @@ def _chain(args: argparse.Namespace, default_cache: Path | None = None) -> Itera
         yield Chain(storage, tmp)
 
 
+def _n(count: int, noun: str) -> str:
+    """``1 hop``, ``2 hops``: a count with its noun in the right number."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _metadata(pairs: list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:
@@ -63,7 +73,7 @@ def _metadata(pairs: list[str]) -> dict[str, str]:
 
 def _say(args: argparse.Namespace, text: str) -> None:
     if not args.quiet:
-        print(text)
+        print(printable(text))
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -114,7 +124,7 @@ def _format_log(m: Manifest) -> str:
             f"{row['number']:>7} {step:>8} {row['digest'][:16]:16} "
             f"{row['time'] or '-':20} {snap:>12} {links}"
         )
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def _cmd_log(args: argparse.Namespace) -> int:
@@ -134,17 +144,35 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    """One manifest revision file (CH-1..CH-9); with --store, the files it lists (RD-2, RD-3)."""
+    m = read_manifest(args.manifest)
+    if args.store is not None:
+        with tempfile.TemporaryDirectory(prefix="wdelta-check-") as tmp:
+            ops.check_files(Chain(open_storage(args.store), Path(tmp)), m)
+    files = ", files verified" if args.store else ""
+    _say(args, f"ok: revision {m.revision}, {len(m.versions)} versions, {len(m.links)} links, "
+               f"{len(m.snapshots)} snapshots{files}")  # fmt: skip
+    return 0
+
+
 def _report(args: argparse.Namespace, r: PullResult) -> None:
     _say(
         args,
         f"{args.local}: version {r.version.number} {r.version.digest[:16]} "
-        f"(revision {r.revision}, {len(r.hops)} hops, {r.downloaded} bytes fetched)",
+        f"(revision {r.revision}, {_n(len(r.hops), 'hop')}, {r.downloaded} bytes fetched)",
     )
+
+
+def _retrying(exc: WdeltaError, delay: float) -> None:
+    """One line per failed poll of ``pull --follow`` (the node keeps its version)."""
+    print(f"pull failed: {exc.category}: {exc}; retrying in {delay:.1f} s", file=sys.stderr)
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
     local = Path(args.local)
     options: dict[str, Any] = {"tensors": args.tensors, "threads": args.threads}
+    options["cache_max_bytes"] = args.cache_max_bytes
     with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
         options["progress"] = progress
         if not args.follow:
@@ -157,6 +185,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             max_iterations=args.max_iterations,
             timeout=args.timeout,
             on_update=lambda r: _report(args, r),
+            on_error=_retrying,
+            backoff=Backoff(base=min(1.0, args.backoff_cap), cap=args.backoff_cap),
             **options,
         )
     return 0
@@ -176,14 +206,50 @@ def _cmd_squash(args: argparse.Namespace) -> int:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
+    policy = Policy(args.snapshot_every, args.keep_links, args.keep_revisions)
     with _chain(args) as c:
-        m, deleted = prune(c, Policy(args.snapshot_every, args.keep_links, args.keep_revisions))
+        m, deleted = prune(c, policy, dry_run=args.dry_run)
+    kept = (
+        f"{_n(len(m.versions), 'version')}, {_n(len(m.links), 'link')}, "
+        f"{_n(len(m.snapshots), 'snapshot')}"
+    )
+    if args.dry_run:
+        files = _n(len(deleted), "file")
+        print(f"dry run: revision {m.revision} would keep {kept}; would delete {files}")
+        for key in deleted:
+            print(f"  {key}")
+        return 0
+    _say(args, f"revision {m.revision}: kept {kept}; deleted {_n(len(deleted), 'file')}")
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    if not (args.cache or os.environ.get("WDELTA_CACHE")):
+        raise BadArgumentError("gc needs the cache folder: --cache DIR or $WDELTA_CACHE")
+    with _chain(args) as c:
+        r = gc_chain(c, args.max_bytes)
     _say(
-        args,
-        f"revision {m.revision}: kept {len(m.versions)} versions, {len(m.links)} links, "
-        f"{len(m.snapshots)} snapshots; deleted {len(deleted)} files",
+        args, f"removed {_n(len(r.removed), 'file')} ({r.freed} bytes); cache holds {r.kept} bytes"
     )
     return 0
+
+
+def _cmd_check_storage(args: argparse.Namespace) -> int:
+    if args.writers < 2 or args.rounds < 1:
+        raise BadArgumentError("check-storage needs --writers >= 2 and --rounds >= 1")
+    report = check_storage(lambda: open_storage(args.url), writers=args.writers, rounds=args.rounds)
+    if args.json:
+        doc = {
+            "url": report.url, "prefix": report.prefix, "passed": report.passed,
+            "rules": [vars(r) for r in report.results], "leftover": report.leftover,
+        }  # fmt: skip
+        print(json.dumps(doc, indent=2))
+    else:
+        for r in report.results:
+            print(f"{r.rule} {'PASS' if r.passed else 'FAIL'}: {r.observed}")
+        if report.leftover is not None:
+            print(f"cleanup FAIL: {report.leftover}")
+    return 0 if report.passed else 1
 
 
 def _common(p: argparse.ArgumentParser, *, cache: bool = False, threads: bool = False) -> None:
@@ -245,6 +311,9 @@ def _register_writers(sub: Any) -> None:
     )
     p.add_argument("--keep-links", type=int, required=True, help="keep the last K links")
     p.add_argument("--keep-revisions", type=int, default=10, help="manifest revisions kept (10)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print what would be removed, remove nothing"
+    )
     p.set_defaults(func=_cmd_prune)
 
 
@@ -259,6 +328,11 @@ def _register_readers(sub: Any) -> None:
         "--deep", action="store_true", help="also rebuild every version and apply every link"
     )
     p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser("check", help="check one manifest revision file (and --store's files)")
+    p.add_argument("manifest", help="a manifest file named rev-RRRRRRRRRRRR.json")
+    p.add_argument("--store", default=None, help="the chain's root: verify every listed file")
+    p.add_argument("--quiet", "-q", action="store_true", help="no output on success")
+    p.set_defaults(func=_cmd_check)
     p = sub.add_parser("pull", help="bring a local checkpoint to the head or --to VERSION")
     _common(p, cache=True, threads=True)
     p.add_argument("local", help="the node's checkpoint file (or symlink to a sharded folder)")
@@ -273,4 +347,28 @@ def _register_readers(sub: Any) -> None:
     p.add_argument("--interval", type=float, default=10.0, help="seconds between polls (10)")
     p.add_argument("--max-iterations", type=int, default=None, help="stop after N polls")
     p.add_argument("--timeout", type=float, default=None, help="stop after S seconds")
+    p.add_argument(
+        "--cache-max-bytes",
+        type=int,
+        default=None,
+        help="after each pull, shrink the cache to this size (least recently used first)",
+    )
+    p.add_argument(
+        "--backoff-cap",
+        type=float,
+        default=300.0,
+        help="longest wait in seconds between retries of a failing --follow poll (300)",
+    )
     p.set_defaults(func=_cmd_pull)
+    p = sub.add_parser("gc", help="remove cache entries the head no longer names, then LRU")
+    _common(p, cache=True)
+    p.add_argument("--max-bytes", type=int, default=None, help="shrink the cache to this size")
+    p.set_defaults(func=_cmd_gc)
+    p = sub.add_parser("check-storage", help="test a store against the storage contract (ST-1..3)")
+    p.add_argument(
+        "url", help="a folder, s3://BUCKET/PREFIX or hf://...; keys go under a new prefix"
+    )
+    p.add_argument("--json", action="store_true", help="the verdicts as JSON")
+    p.add_argument("--writers", type=int, default=8, help="concurrent create-only writers (8)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the create race (3)")
+    p.set_defaults(func=_cmd_check_storage)

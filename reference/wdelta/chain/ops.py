@@ -97,21 +97,39 @@ def append(
     _check_version_fields(step, metadata)
     chain = as_chain(chain)
     checkpoint, base = as_path(checkpoint, "checkpoint"), as_path(base, "base")
-    m = chain.head()
     with temp_dir(Path(tempfile.gettempdir()), "append") as tmp:
         out = Path(tmp) / "link.wdelta"
         api.diff(base, checkpoint, out, level=options.level, threads=options.threads,
                  chunk_elements=options.chunk_elements)  # fmt: skip
-        with open_delta(out) as d:
-            src, dst = d.header.raw["base"]["digest"], d.header.raw["target"]["digest"]
-            reversible = d.header.reversible
-        if m.by_digest(src) is None:
-            raise BaseMismatchError(f"{base} is not a version of the chain")
-        if m.by_digest(dst) is not None:
-            raise ConflictError(f"{checkpoint} is already version {m.by_digest(dst)}")
-        digest, size = file_digest(out, "blake3"), out.stat().st_size
-        chain.upload(delta_key(digest), out, digest, "blake3", progress)
-        snap = upload_snapshot(chain, 0, checkpoint, progress) if options.snapshot else None
+        snapshot = checkpoint if options.snapshot else None
+        return append_delta(chain, out, step=step, metadata=metadata, snapshot=snapshot,
+                            progress=progress)  # fmt: skip
+
+
+def append_delta(
+    chain: Chain, delta: Path, *, step: int | None = None,
+    metadata: Mapping[str, str] | None = None, snapshot: Path | None = None,
+    progress: Progress | None = None,
+) -> Manifest:  # fmt: skip
+    """Publish the target of an already encoded ``delta`` as the next version.
+
+    The delta's base must be a version of the chain; ``snapshot`` (the target
+    as a checkpoint file or folder) is also stored whole when given.
+    """
+    _check_version_fields(step, metadata)
+    chain, delta = as_chain(chain), as_path(delta, "delta")
+    snapshot = None if snapshot is None else as_path(snapshot, "snapshot")
+    m = chain.head()
+    with open_delta(delta) as d:
+        src, dst = d.header.raw["base"]["digest"], d.header.raw["target"]["digest"]
+        reversible = d.header.reversible
+    if m.by_digest(src) is None:
+        raise BaseMismatchError(f"the base of {delta} is not a version of the chain")
+    if m.by_digest(dst) is not None:
+        raise ConflictError(f"the target of {delta} is already version {m.by_digest(dst)}")
+    digest, size = file_digest(delta, "blake3"), delta.stat().st_size
+    chain.upload(delta_key(digest), delta, digest, "blake3", progress)
+    snap = upload_snapshot(chain, 0, snapshot, progress) if snapshot is not None else None
 
     def update(cur: Manifest) -> Manifest:
         source = cur.by_digest(src)
@@ -173,6 +191,16 @@ def verify(
         if deep:
             _verify_deep(chain, m, Path(tmp))
     return m
+
+
+def check_files(chain: Chain, m: Manifest) -> None:
+    """Every file ``m`` lists: stored (RD-3 not-found), digest and size (checksum-mismatch),
+    delta headers and snapshot checkpoints against their versions (RD-2 chain-broken)."""
+    for link in m.links:
+        api.verify(fetch_link(chain, m, link))
+    with tempfile.TemporaryDirectory(prefix="wdelta-check-", dir=chain.scratch()) as tmp:
+        for snap in m.snapshots:
+            materialize_snapshot(chain, m, snap, Path(tmp) / f"v{snap.version}")
 
 
 def _verify_deep(chain: Chain, m: Manifest, tmp: Path) -> None:

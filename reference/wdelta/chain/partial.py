@@ -24,7 +24,15 @@ from ..decoder import Step, check_digests, init_file, plan_steps
 from ..digest import new_hasher
 from ..encodings import chunk as chunk_codec
 from ..encodings import codec
-from ..errors import BaseMismatchError, ChecksumMismatchError
+from ..errors import (
+    BaseMismatchError,
+    ChecksumMismatchError,
+    DeltaFormatError,
+    LimitExceededError,
+    UnsupportedFeatureError,
+    UnsupportedVersionError,
+)
+from ..filekind import naming
 from ..header import Chunk, Header, parse_header
 from ..output_file import pwrite_all
 from .local import TENSORS_KEY, VERSION_KEY
@@ -45,14 +53,17 @@ def read_remote_header(
     storage: Storage, link: Link, progress: Progress | None = None
 ) -> tuple[Header, int]:
     """The validated header of a stored delta and its data section's offset."""
-    prefix = storage.read_range(link.key, 0, PREFIX_SIZE)
-    n, digest, d = parse_prefix(prefix, link.size)
-    header_bytes = storage.read_range(link.key, PREFIX_SIZE, n)
-    if progress is not None:
-        progress(PREFIX_SIZE + n)
-    if blake3.blake3(header_bytes).digest() != digest:
-        raise ChecksumMismatchError(f"{link.key}: header digest mismatch")
-    return parse_header(header_bytes, d), PREFIX_SIZE + n
+    about_file = (DeltaFormatError, LimitExceededError, UnsupportedFeatureError,
+                  UnsupportedVersionError)  # fmt: skip
+    with naming(f"{storage.url.rstrip('/')}/{link.key}", *about_file):
+        prefix = storage.read_range(link.key, 0, PREFIX_SIZE)
+        n, digest, d = parse_prefix(prefix, link.size)
+        header_bytes = storage.read_range(link.key, PREFIX_SIZE, n)
+        if progress is not None:
+            progress(PREFIX_SIZE + n)
+        if blake3.blake3(header_bytes).digest() != digest:
+            raise ChecksumMismatchError("header digest mismatch")
+        return parse_header(header_bytes, d), PREFIX_SIZE + n
 
 
 @dataclass

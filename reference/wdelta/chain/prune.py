@@ -62,28 +62,43 @@ def _reachable_versions(
     return {v.number for v in m.versions} - set(graph.unreachable(trial))
 
 
-def prune(chain: Chain | PathLike, policy: Policy) -> tuple[Manifest, list[str]]:
-    """Publish the pruned manifest, then delete unreferenced files; returns both."""
+def _pruned(cur: Manifest, policy: Policy) -> Manifest:
+    """The successor of ``cur`` that keeps only what ``policy`` retains."""
+    snaps, links = retained(cur, policy)
+    keep = _reachable_versions(cur, snaps, links)
+    versions = tuple(v for v in cur.versions if v.number in keep)
+    return cur.successor(versions=versions, snapshots=snaps, links=links)
+
+
+def _doomed(chain: Chain, new: Manifest, revisions: list[int], policy: Policy) -> list[str]:
+    """Keys to delete once ``new`` exists: unreferenced files, revisions past the newest few."""
+    referenced = {k.key for k in new.links} | {f.key for s in new.snapshots for f in s.files}
+    doomed = [
+        obj.key
+        for prefix in ("deltas/", "snapshots/")
+        for obj in chain.storage.list(prefix)
+        if obj.key not in referenced
+    ]
+    return doomed + [revision_key(r) for r in revisions[: -policy.keep_revisions]]
+
+
+def prune(
+    chain: Chain | PathLike, policy: Policy, *, dry_run: bool = False
+) -> tuple[Manifest, list[str]]:
+    """Publish the pruned manifest, then delete unreferenced files; returns both.
+
+    ``dry_run``: publish and delete nothing; return the revision that would be
+    published and the keys that would be deleted (as of now).
+    """
     chain = as_chain(chain)
     if not isinstance(policy, Policy):
         raise BadArgumentError(f"policy must be a wdelta.chain.Policy, not {type(policy).__name__}")
     policy.check()
-
-    def update(cur: Manifest) -> Manifest:
-        snaps, links = retained(cur, policy)
-        keep = _reachable_versions(cur, snaps, links)
-        versions = tuple(v for v in cur.versions if v.number in keep)
-        return cur.successor(versions=versions, snapshots=snaps, links=links)
-
-    new = chain.publish(update)
-    referenced = {k.key for k in new.links} | {f.key for s in new.snapshots for f in s.files}
-    deleted = []
-    for prefix in ("deltas/", "snapshots/"):
-        for obj in chain.storage.list(prefix):
-            if obj.key not in referenced:
-                chain.storage.delete(obj.key)
-                deleted.append(obj.key)
-    for r in chain.revisions()[: -policy.keep_revisions]:
-        chain.storage.delete(revision_key(r))
-        deleted.append(revision_key(r))
-    return new, deleted
+    if dry_run:
+        new = _pruned(chain.head(), policy)
+        return new, _doomed(chain, new, [*chain.revisions(), new.revision], policy)
+    new = chain.publish(lambda cur: _pruned(cur, policy))
+    doomed = _doomed(chain, new, chain.revisions(), policy)
+    for key in doomed:
+        chain.storage.delete(key)
+    return new, doomed

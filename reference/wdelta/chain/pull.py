@@ -8,6 +8,11 @@ digest.  Intermediates live in a work folder beside the checkpoint, named by
 version digest and created by rename, so after a crash the pull resumes from
 the last finished hop and the cache holds every file already verified.
 Only the final result replaces the checkpoint, in one rename.
+
+``follow`` pulls forever: a failed poll is reported and retried after an
+exponential, capped, jittered delay (``backoff.Backoff``) while the local
+checkpoint keeps serving its version; a file that failed verification is
+routed around on the next polls when another path exists.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from .. import api
 from ..arguments import PathLike, as_path, check_optional_int, check_seconds
 from ..atomic import temp_name
 from ..destination import check_kind, overlaps
-from ..errors import BadArgumentError
-from . import graph, partial
+from ..errors import BadArgumentError, DeltaFormatError, WdeltaError
+from . import cachegc, graph, partial
+from .backoff import Backoff
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import check_link_header, fetch_link, materialize_snapshot
 from .local import digest_of_path, partial_marker, replace_checkpoint
 from .manifest import Manifest, Version
+from .partial_snapshot import extract_remote
 from .storage.base import Progress
 from .storage.local import LocalStorage
 from .store import Chain, as_chain
@@ -88,6 +95,7 @@ class _Puller:
     tensors: str | None
     progress: Progress | None
     threads: int
+    avoid: set[str] = field(default_factory=set)
     downloaded: int = 0
 
     def count(self, n: int) -> None:
@@ -113,6 +121,9 @@ class _Puller:
         if hop.snapshot is not None:
             if self.tensors is None:
                 return materialize_snapshot(self.chain, self.m, hop.snapshot, out, self.count)
+            storage, snap = self.chain.storage, hop.snapshot
+            if extract_remote(storage, self.m, snap, self.tensors, out, self.count):
+                return out
             full = work_dir(self.local) / temp_name("snapshot")
             try:
                 materialize_snapshot(self.chain, self.m, hop.snapshot, full, self.count)
@@ -145,15 +156,43 @@ def _discard(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
-def _run(p: _Puller, goal: Version, assume: str | None) -> PullResult:
-    starts = p.starts(assume)
-    plan = graph.cheapest_path(p.m, starts, goal.number, _cached(p.chain, p.tensors))
+def hop_files(hop: graph.Hop) -> set[str]:
+    """Digests of the files ``hop`` downloads (a link's delta, a snapshot's files)."""
+    if hop.link is not None:
+        return {hop.link.digest}
+    assert hop.snapshot is not None
+    return {f.sha256 for f in hop.snapshot.files}
+
+
+def _plan(p: _Puller, starts: dict[int, Path], goal: Version) -> tuple[int, list[graph.Hop]]:
+    """The cheapest path avoiding ``p.avoid`` if one exists, else the cheapest path."""
+    cached = _cached(p.chain, p.tensors)
+    plan = graph.cheapest_path(
+        p.m, starts, goal.number, cached, lambda hop: not hop_files(hop) & p.avoid
+    )
+    plan = plan or graph.cheapest_path(p.m, starts, goal.number, cached)
     if plan is None:
         raise ChainBrokenError(f"version {goal.number} cannot be reached")
-    start, hops = plan
-    current = starts.get(start)
+    return plan
+
+
+def _run(p: _Puller, goal: Version, assume: str | None) -> PullResult:
+    starts = p.starts(assume)
+    start, hops = _plan(p, starts, goal)
+    assert p.chain.cache is not None
+    with cachegc.pin(p.chain.cache, {d for hop in hops for d in hop_files(hop)}):
+        return _apply_plan(p, goal, hops, starts.get(start))
+
+
+def _apply_plan(
+    p: _Puller, goal: Version, hops: list[graph.Hop], current: Path | None
+) -> PullResult:
     for hop in hops:
-        produced = p.hop(hop, current)
+        try:
+            produced = p.hop(hop, current)
+        except (DeltaFormatError, ChainBrokenError):
+            p.avoid |= hop_files(hop)  # this file failed verification: route around it
+            raise
         if current is not None and current != p.local:
             _discard(current)
         current = produced
@@ -167,6 +206,7 @@ def _run(p: _Puller, goal: Version, assume: str | None) -> PullResult:
 def pull(
     chain: Chain | PathLike, local: PathLike, *, to: str | int = "head", tensors: str | None = None,
     progress: Progress | None = None, threads: int = 2, assume: str | None = None,
+    avoid: set[str] | None = None, cache_max_bytes: int | None = None,
 ) -> PullResult:  # fmt: skip
     """Bring ``local`` to version ``to``; ``tensors`` selects a partial pull.
 
@@ -175,47 +215,100 @@ def pull(
     A file missing from storage is an error unless a newer manifest revision
     no longer lists it (it was pruned meanwhile), in which case the pull is
     planned again.  Without a cache on ``chain``, ``.wdelta-cache`` beside
-    ``local`` is used.
+    ``local`` is used.  ``avoid``: digests of files to route around when
+    another path exists; the pull adds to it every file that fails
+    verification (``follow`` keeps one across its polls).  ``cache_max_bytes``:
+    after the pull, the cache is garbage-collected (cachegc.gc) down to that size.
     """
     chain, local = as_chain(chain), as_path(local, "local")
     if tensors is not None and not isinstance(tensors, str):
         raise BadArgumentError(f"tensors must be a str of patterns, not {type(tensors).__name__}")
+    check_optional_int(cache_max_bytes, "cache_max_bytes", 0)
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
     check_local(chain, local)
     for attempt in range(_REPLANS):
         m = chain.head()
-        p = _Puller(chain, m, local, tensors, progress, threads)
+        p = _Puller(
+            chain, m, local, tensors, progress, threads, avoid if avoid is not None else set()
+        )
         try:
-            return _run(p, m.version(to), assume)
+            result = _run(p, m.version(to), assume)
         except NotFoundError:
             if attempt == _REPLANS - 1 or chain.revisions()[-1] == m.revision:
                 raise
+            continue
+        if cache_max_bytes is not None:
+            cachegc.gc(chain.cache, m, cache_max_bytes)
+        return result
     raise AssertionError("unreachable")
 
 
 def follow(
     chain: Chain | PathLike, local: PathLike, *, interval: float, max_iterations: int | None = None,
     timeout: float | None = None, on_update: Callable[[PullResult], None] | None = None,
-    **options: object,
+    on_error: Callable[[WdeltaError, float], None] | None = None, backoff: Backoff | None = None,
+    sleep: Callable[[float], None] = time.sleep, **options: object,
 ) -> PullResult | None:  # fmt: skip
     """Pull the head every ``interval`` seconds; stop after ``max_iterations`` polls
-    or ``timeout`` seconds (None: forever).  Returns the last result."""
+    or ``timeout`` seconds (None: forever).  Returns the last result.
+
+    A poll that fails with a WdeltaError (other than bad-argument, which no
+    retry can fix) is reported to ``on_error(error, delay)`` and retried after
+    ``backoff``'s delay (default ``Backoff()``) instead of ``interval``; the
+    local checkpoint stays at its version meanwhile.  If the last poll before
+    stopping failed, its error is raised (and not reported to ``on_error``).
+    """
     chain, local = as_chain(chain), as_path(local, "local")
     interval = check_seconds(interval, "interval") or 0.0
     timeout = check_seconds(timeout, "timeout")
     check_optional_int(max_iterations, "max_iterations", 1)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    last: PullResult | None = None
+    state = _Follow(backoff or Backoff(), None if timeout is None else time.monotonic() + timeout)
     polls = 0
     while max_iterations is None or polls < max_iterations:
         polls += 1
-        assume = last.version.digest if last is not None else None
-        result = pull(chain, local, assume=assume, **options)  # type: ignore[arg-type]
-        if on_update is not None and (last is None or result.version != last.version):
-            on_update(result)
-        last = result
-        if deadline is not None and time.monotonic() >= deadline:
+        wait = state.poll(chain, local, options, on_update)
+        failed = wait is not None
+        wait = interval if wait is None else wait
+        if state.deadline is not None:
+            wait = min(wait, state.deadline - time.monotonic())
+        if (max_iterations is not None and polls >= max_iterations) or wait < 0:
             break
-        time.sleep(interval)
-    return last
+        if failed and on_error is not None and state.error is not None:
+            on_error(state.error, wait)
+        sleep(wait)
+    if state.error is not None:
+        raise state.error
+    return state.last
+
+
+@dataclass
+class _Follow:
+    """A follower's state between polls: last result, failures in a row, files to avoid."""
+
+    backoff: Backoff
+    deadline: float | None
+    last: PullResult | None = None
+    failures: int = 0
+    error: WdeltaError | None = None
+    avoid: set[str] = field(default_factory=set)
+
+    def poll(
+        self, chain: Chain, local: Path, options: dict[str, object],
+        on_update: Callable[[PullResult], None] | None,
+    ) -> float | None:  # fmt: skip
+        """One pull; None after a success, else the delay before the retry."""
+        assume = self.last.version.digest if self.last is not None else None
+        try:
+            result = pull(chain, local, assume=assume, avoid=self.avoid, **options)  # type: ignore[arg-type]
+        except BadArgumentError:
+            raise
+        except WdeltaError as exc:
+            self.failures += 1
+            self.error = exc
+            return self.backoff.delay(self.failures)
+        if on_update is not None and (self.last is None or result.version != self.last.version):
+            on_update(result)
+        self.last, self.failures, self.error = result, 0, None
+        self.avoid.clear()
+        return None

@@ -14,6 +14,7 @@ only then moved to ``<cache>/objects/<digest>``: a cached file is verified.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -27,10 +28,11 @@ from ..arguments import PathLike, as_path
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError
 from .errors import ConflictError, ManifestInvalidError, NotFoundError
 from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
-from .storage import open_storage
+from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
 
 PUBLISH_ATTEMPTS = 50
+_GIVE_CACHE = "open the chain as chain.Chain(LOCATION, cache=FOLDER)"
 _HASH_BLOCK = 1 << 22
 
 
@@ -72,7 +74,9 @@ class Chain:
         """The highest manifest revision; NotFoundError if the chain has none."""
         revisions = self.revisions()
         if not revisions:
-            raise NotFoundError(f"{self.storage.url}: no chain here (no manifest revision)")
+            local = isinstance(self.storage, LocalStorage) and self.storage.root.is_file()
+            why = "is a file, not a chain folder" if local else "no manifest revision"
+            raise NotFoundError(f"{self.storage.url}: no chain here ({why})")
         if revisions[-1] < self.seen_revision:
             raise ManifestInvalidError(
                 f"head revision {revisions[-1]} is older than revision {self.seen_revision} "
@@ -151,9 +155,11 @@ class Chain:
     ) -> Path:  # fmt: skip
         """A verified local copy of ``key`` (from the cache, else downloaded into it)."""
         if self.cache is None:
-            raise StorageError("a cache folder is needed to download files")
+            raise StorageError(f"a cache folder is needed to download files: {_GIVE_CACHE}")
         done = self.cached_path(digest)
         if done is not None:
+            with contextlib.suppress(OSError):
+                os.utime(done)  # last use, for the cache's least-recently-used order
             return done
         for sub in ("partial", "objects"):
             (self.cache / sub).mkdir(parents=True, exist_ok=True)
@@ -169,7 +175,7 @@ class Chain:
     def scratch(self) -> Path:
         """The folder for temporary files (atomic.temp_dir): the cache folder."""
         if self.cache is None:
-            raise StorageError("a cache folder is needed")
+            raise StorageError(f"a cache folder is needed: {_GIVE_CACHE}")
         self.cache.mkdir(parents=True, exist_ok=True)
         return self.cache
 

@@ -138,6 +138,9 @@ def build_header(
     Tensors are ordered by decreasing dtype size, then by name, packed without
     gaps; the JSON is compact and padded with spaces to a multiple of 8 bytes.
     """
+    for name, _, _ in tensors:
+        if not name.isascii() and not _is_utf8(name):
+            raise CheckpointInvalidError(f"tensor name {name!r} is not valid Unicode text")
     ordered = sorted(tensors, key=lambda t: (-_alignment(t[1]), t[0]))
     doc: dict[str, Any] = {}
     if metadata is not None:
@@ -153,3 +156,12 @@ def build_header(
     text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
     text += " " * (-len(text.encode("utf-8")) % 8)
     return parse_header(text.encode("utf-8"))
+
+
+def _is_utf8(text: str) -> bool:
+    # A str can hold lone surrogates, which have no UTF-8 encoding.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

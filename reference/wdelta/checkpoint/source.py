@@ -17,17 +17,30 @@ from typing import Any
 
 import numpy as np
 
-from .. import strictjson
+from .. import filekind, strictjson
 from ..arguments import as_path, check_str_mapping
 from ..dtypes import DType, from_numpy
 from ..errors import BadArgumentError, CheckpointInvalidError, StorageError, TruncatedError
 from .safetensors_header import MAX_HEADER_BYTES, FileLayout, build_header, parse_header
 
-# File names a delta can record (SPEC.md §4.9): no paths, no leading dot.
-SHARD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors$")
-INDEX_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors\.index\.json$")
+# File names a delta can record (SPEC.md §4.9): no paths, no leading dot, at
+# most 255 characters.  Always used with ``fullmatch``: Python's ``$`` would
+# also match before a final line feed, which the format's patterns exclude.
+SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors")
+INDEX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors\.index\.json")
+MAX_NAME_LENGTH = 255
 SINGLE_FILE_NAME = "model.safetensors"
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
+
+
+def is_shard_name(name: str) -> bool:
+    """True if a delta can record ``name`` as a safetensors file name (§4.9)."""
+    return len(name) <= MAX_NAME_LENGTH and SHARD_NAME.fullmatch(name) is not None
+
+
+def is_index_name(name: str) -> bool:
+    """True if a delta can record ``name`` as an index file name (§4.9)."""
+    return len(name) <= MAX_NAME_LENGTH and INDEX_NAME.fullmatch(name) is not None
 
 
 @dataclass
@@ -117,9 +130,12 @@ def _open_fd(path: Path) -> int:
 
 def read_file_layout(fd: int, path: Path) -> FileLayout:
     """Parse and validate the safetensors header of an open file, and its length."""
+    mistake = filekind.not_a_checkpoint(path, filekind.sniff_fd(fd, path))
+    if mistake is not None:
+        raise CheckpointInvalidError(mistake)
     size = os.fstat(fd).st_size
     if size < 8:
-        raise CheckpointInvalidError(f"{path}: too short for a safetensors file")
+        raise CheckpointInvalidError(f"{path}: {size} bytes, too short for a safetensors file")
     prefix = bytearray(8)
     pread_into(fd, memoryview(prefix), 0)
     n = int.from_bytes(prefix, "little")
@@ -155,7 +171,7 @@ def _find_index(folder: Path) -> Path | None:
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
         raise CheckpointInvalidError(f"{folder}: more than one *.safetensors.index.json")
-    if indexes and not INDEX_NAME.match(indexes[0].name):
+    if indexes and not is_index_name(indexes[0].name):
         raise CheckpointInvalidError(f"{indexes[0]}: index file name is not portable")
     return indexes[0] if indexes else None
 
@@ -169,11 +185,15 @@ def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
     text = data.decode("utf-8")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(
-        isinstance(v, str) and SHARD_NAME.match(v) for v in weight_map.values()
+        isinstance(v, str) and is_shard_name(v) for v in weight_map.values()
     ):
         raise CheckpointInvalidError(f"{index_path}: weight_map must map names to shard files")
     ckpt.index = (index_path.name, text)
     for shard in sorted(set(weight_map.values())):
+        # A shard the index names but the folder lacks makes the checkpoint
+        # malformed (SPEC §10.3), not an I/O failure.
+        if not (folder / shard).is_file():
+            raise CheckpointInvalidError(f"{index_path}: shard {shard} is not in the folder")
         _add_file(ckpt, folder / shard, shard)
     for name, tensor_file in weight_map.items():
         if name not in ckpt.tensors:
@@ -185,7 +205,33 @@ def _open_sharded(folder: Path, index_path: Path, ckpt: Checkpoint) -> None:
 
 def recorded_name(path: Path) -> str:
     """The name a single-file checkpoint is recorded under in a delta."""
-    return path.name if SHARD_NAME.match(path.name) else SINGLE_FILE_NAME
+    return path.name if is_shard_name(path.name) else SINGLE_FILE_NAME
+
+
+def _open_folder(folder: Path, ckpt: Checkpoint) -> None:
+    index_path = _find_index(folder)
+    if index_path is not None:
+        _open_sharded(folder, index_path, ckpt)
+        return
+    files = sorted(folder.glob("*.safetensors"))
+    if len(files) != 1:
+        found = f"{len(files)} .safetensors files" if files else "no .safetensors file"
+        raise CheckpointInvalidError(
+            f"{folder} is a folder with {found} and no *.safetensors.index.json: a checkpoint "
+            "folder holds one .safetensors file, or shards and their index"
+        )
+    _add_file(ckpt, files[0], recorded_name(files[0]))
+
+
+def _open_path(p: Path, ckpt: Checkpoint) -> None:
+    if p.is_dir():
+        _open_folder(p, ckpt)
+    elif p.is_file():
+        _add_file(ckpt, p, recorded_name(p))
+    elif p.exists():
+        raise CheckpointInvalidError(f"{p} is not a regular file or a folder")
+    else:
+        raise StorageError(f"{p}: no such file or folder")
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -193,21 +239,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     p = as_path(path, "checkpoint")
     ckpt = Checkpoint({}, {})
     try:
-        if p.is_dir():
-            index_path = _find_index(p)
-            if index_path is not None:
-                _open_sharded(p, index_path, ckpt)
-            else:
-                files = sorted(p.glob("*.safetensors"))
-                if len(files) != 1:
-                    raise CheckpointInvalidError(
-                        f"{p}: a folder needs an index file or exactly one .safetensors file"
-                    )
-                _add_file(ckpt, files[0], recorded_name(files[0]))
-        elif p.exists():
-            _add_file(ckpt, p, recorded_name(p))
-        else:
-            raise StorageError(f"{p}: no such file or folder")
+        with filekind.naming(p, CheckpointInvalidError):
+            _open_path(p, ckpt)
     except BaseException:
         ckpt.close()
         raise

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import BadArgumentError, WdeltaError
+from ..terminal import printable
 from . import report
 from .impl import Implementation, Reference, Templates
-from .manifest import PROFILES, default_vectors, load
+from .manifest import default_vectors, load
 from .runner import Options, Result, run_all, select
 
 TEMPLATE_OPTIONS = (
@@ -26,13 +27,15 @@ TEMPLATE_OPTIONS = (
     ("decoder", "--decoder", "'tool apply {base} {delta} {out}'"),
     ("reverse", "--reverse-decoder", "'tool apply --reverse {target} {delta} {out}'"),
     ("encoder", "--encoder", "'tool diff {base} {target} {out}'"),
+    ("manifest", "--manifest", "'tool check {manifest}'"),
+    ("manifest-store", "--manifest-store", "'tool check {manifest} --store {store}'"),
 )
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``conformance run``."""
     for profile, flag, example in TEMPLATE_OPTIONS:
-        p.add_argument(flag, dest=profile, metavar="TEMPLATE",
+        p.add_argument(flag, dest=profile.replace("-", "_"), metavar="TEMPLATE",
                        help=f"command for the {profile} profile, e.g. {example}")  # fmt: skip
     p.add_argument(
         "--vectors",
@@ -52,6 +55,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-fast", action="store_true", help="stop after the first failure")
     p.add_argument("--jobs", "-j", type=int, default=1, help="cases run in parallel")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60)")
+    p.add_argument(
+        "--max-size-ratio",
+        type=float,
+        metavar="R",
+        help="fail an encoder case whose delta exceeds R times the reference encoder's "
+        "(default: size is reported, never failed)",
+    )
     p.add_argument("--json-report", type=Path, metavar="FILE", help="write a JSON report")
     p.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML")
     p.add_argument(
@@ -71,8 +81,9 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
 
 
 def _implementation(args: argparse.Namespace) -> tuple[Implementation, dict[str, Any]]:
-    templates = {p: getattr(args, p) for p in PROFILES if getattr(args, p)}
-    described: dict[str, Any] = {"templates": {p: templates.get(p) for p in PROFILES}}
+    given = {p: getattr(args, p.replace("-", "_")) for p, _, _ in TEMPLATE_OPTIONS}
+    templates = {p: t for p, t in given.items() if t}
+    described: dict[str, Any] = {"templates": given}
     if not templates:
         return Reference(), {"kind": "reference", **described}
     return Templates(templates), {"kind": "templates", **described}
@@ -84,7 +95,7 @@ def _printer(verbose: bool) -> Any:
     def show(r: Result) -> None:
         if verbose:
             with lock:
-                print(f"{r.status:10} {r.case.id}  {r.message}", flush=True)
+                print(printable(f"{r.status:10} {r.case.id}  {r.message}"), flush=True)
 
     return show
 
@@ -93,6 +104,8 @@ def run_command(args: argparse.Namespace) -> int:
     """Run ``conformance run`` from parsed arguments; returns the exit status."""
     if args.jobs < 1 or args.timeout <= 0:
         raise BadArgumentError("--jobs must be >= 1 and --timeout > 0")
+    if args.max_size_ratio is not None and not args.max_size_ratio > 0:
+        raise BadArgumentError("--max-size-ratio must be > 0")
     manifest = load(args.vectors or default_vectors(), check_files=not args.list)
     cases = select(manifest.cases, args.filter)
     if not cases:
@@ -102,7 +115,8 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"{c.id}\t{c.profile}\t{c.section}\t{c.expected}")
         return 0
     impl, described = _implementation(args)
-    opts = Options(args.timeout, args.jobs, args.strict, args.fail_fast, args.work_dir)
+    opts = Options(args.timeout, args.jobs, args.strict, args.fail_fast, args.work_dir,
+                   max_size_ratio=args.max_size_ratio)  # fmt: skip
     results = run_all(manifest, cases, impl, opts, _printer(args.verbose))
     sys.stdout.write(report.text(results, impl.name, manifest))
     if args.json_report is not None:
@@ -126,6 +140,6 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     try:
         status = run_command(parser.parse_args(argv))
     except WdeltaError as exc:
-        print(f"error: {exc.category}: {exc}", file=sys.stderr)
+        print(printable(f"error: {exc.category}: {exc}"), file=sys.stderr)
         status = 2
     sys.exit(status)

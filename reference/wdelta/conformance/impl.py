@@ -14,14 +14,18 @@ import re
 import shlex
 import signal
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from .. import api
+from ..chain.manifest import read_manifest
+from ..chain.ops import check_files
+from ..chain.store import Chain
 from ..errors import BadArgumentError, WdeltaError
-from .manifest import PROFILES, ROLES
+from .manifest import STORE_TEMPLATE, TEMPLATE_ROLES
 
 _CATEGORY = re.compile(r"^error:\s*([a-z][a-z0-9-]*)\s*(?::|$)")
 _TAIL = 2000
@@ -68,16 +72,20 @@ def category_of(stderr: str) -> str | None:
 
 @dataclass(frozen=True)
 class Templates:
-    """Command templates by profile, e.g. ``{"decoder": "tool apply {base} {delta} {out}"}``."""
+    """Command templates by profile, e.g. ``{"decoder": "tool apply {base} {delta} {out}"}``.
+
+    Manifest cases with a chain root (``{store}``) use the ``manifest-store``
+    template; without one they are not tested.
+    """
 
     templates: Mapping[str, str]
     name: str = "templates"
 
     def __post_init__(self) -> None:
         for profile, template in self.templates.items():
-            if profile not in PROFILES:
+            if profile not in TEMPLATE_ROLES:
                 raise BadArgumentError(f"unknown profile {profile!r}")
-            missing = [r for r in ROLES[profile] if "{" + r + "}" not in template]
+            missing = [r for r in TEMPLATE_ROLES[profile] if "{" + r + "}" not in template]
             if missing:
                 raise BadArgumentError(
                     f"the {profile} template lacks {', '.join('{' + r + '}' for r in missing)}"
@@ -86,9 +94,13 @@ class Templates:
     def supports(self, profile: str) -> bool:
         return profile in self.templates
 
+    def lacks_store(self, profile: str) -> bool:
+        """No template for the profile's cases that come with a chain root."""
+        return profile == "manifest" and STORE_TEMPLATE not in self.templates
+
     def command(self, profile: str, paths: Mapping[str, Path]) -> list[str]:
         """The argument vector: the template split like a shell would, placeholders filled."""
-        args = shlex.split(self.templates[profile])
+        args = shlex.split(self.templates[STORE_TEMPLATE if "store" in paths else profile])
         for role, path in paths.items():
             args = [a.replace("{" + role + "}", str(path)) for a in args]
         return args
@@ -129,7 +141,7 @@ class Reference:
     name: str = "reference (in-process)"
 
     def supports(self, profile: str) -> bool:
-        return profile in PROFILES
+        return profile in TEMPLATE_ROLES
 
     def run(self, profile: str, paths: Mapping[str, Path], timeout: float) -> Outcome:
         shown = f"wdelta {profile} " + " ".join(f"{k}={v}" for k, v in sorted(paths.items()))
@@ -140,6 +152,8 @@ class Reference:
                 api.apply(paths["base"], paths["delta"], paths["out"])
             elif profile == "reverse":
                 api.apply(paths["target"], paths["delta"], paths["out"], reverse=True)
+            elif profile == "manifest":
+                _check_manifest(paths)
             else:
                 api.diff(paths["base"], paths["target"], paths["out"])
         except WdeltaError as exc:
@@ -149,3 +163,11 @@ class Reference:
         except Exception as exc:  # a crash is a result to report, not to propagate
             return Outcome("crashed", None, f"{type(exc).__name__}: {exc}", shown)
         return Outcome("ok", None, "", shown)
+
+
+def _check_manifest(paths: Mapping[str, Path]) -> None:
+    """``wdelta chain check MANIFEST [--store STORE]`` in-process."""
+    m = read_manifest(paths["manifest"])
+    if "store" in paths:
+        with tempfile.TemporaryDirectory(prefix="wdelta-conformance-cache-") as tmp:
+            check_files(Chain(paths["store"], Path(tmp)), m)

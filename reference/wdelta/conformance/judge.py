@@ -21,6 +21,7 @@ from ..errors import WdeltaError
 from .impl import Outcome
 from .manifest import Case, Output
 from .outputs import compare
+from .writer import writer_violations
 
 PASS, FAIL, SOFT, NOT_TESTED, SKIPPED = "pass", "fail", "soft-fail", "not-tested", "skipped"
 # The reference's output for a case, to locate the first differing element.
@@ -36,18 +37,22 @@ class Verdict:
 
 
 def judge(case: Case, outcome: Outcome, paths: Mapping[str, Path],
-          reference: ReferenceOutput) -> Verdict:  # fmt: skip
-    """The verdict for one run of ``case``."""
+          reference: ReferenceOutput, max_size_ratio: float | None = None) -> Verdict:  # fmt: skip
+    """The verdict for one run of ``case``.
+
+    ``max_size_ratio``: an encoder's delta larger than this multiple of the
+    reference encoder's fails (a quality gate; by default size never fails).
+    """
     if outcome.kind in ("crashed", "timeout"):
         return Verdict(FAIL, outcome.describe())
     if case.outcome == "invalid":
         return _judge_refusal(case, outcome, paths)
     if outcome.kind != "ok":
         return Verdict(FAIL, f"{outcome.describe()} on a valid input: {_tail(outcome.detail)}")
-    if case.profile == "reader":
+    if case.profile in ("reader", "manifest"):
         return Verdict(PASS, "accepted")
     if case.profile == "encoder":
-        return _judge_encoder(case, paths)
+        return _judge_encoder(case, paths, max_size_ratio)
     assert case.output is not None
     problem = compare(paths["out"], case.output, None)
     if problem is not None:
@@ -74,7 +79,7 @@ def _judge_refusal(case: Case, outcome: Outcome, paths: Mapping[str, Path]) -> V
     return Verdict(PASS, f"refused with {expected!r}")
 
 
-def _judge_encoder(case: Case, paths: Mapping[str, Path]) -> Verdict:
+def _judge_encoder(case: Case, paths: Mapping[str, Path], max_size_ratio: float | None) -> Verdict:
     delta = paths["out"]
     if not delta.is_file():
         return Verdict(FAIL, f"exited 0 but wrote no delta file at {delta.name}")
@@ -90,10 +95,23 @@ def _judge_encoder(case: Case, paths: Mapping[str, Path]) -> Verdict:
         problem = _reference_apply(paths["target"], delta, case.reverse_output, reverse=True)
     if problem is not None:
         return Verdict(FAIL, problem)
-    size, limit = delta.stat().st_size, case.max_delta_bytes
-    if limit is not None and size > limit:
-        return Verdict(FAIL, f"delta of {size} bytes exceeds the bound of {limit} bytes")
-    return Verdict(PASS, f"valid delta of {size} bytes (bound {limit})")
+    broken = writer_violations(delta, paths["base"], paths["target"])
+    if broken:
+        return Verdict(FAIL, "breaks writer requirements: " + "; ".join(broken))
+    return _judge_size(case, delta.stat().st_size, max_size_ratio)
+
+
+def _judge_size(case: Case, size: int, max_size_ratio: float | None) -> Verdict:
+    """Size is quality, not validity: reported, and failed only past ``max_size_ratio``."""
+    ref, info = case.reference_delta_bytes, case.information_bytes
+    text = f"valid delta of {size} bytes"
+    if ref:
+        text += f", {size / ref:.2f}x the reference encoder's {ref}"
+    if info:
+        text += f", {size / info:.2f}x the information estimate {info}"
+    if max_size_ratio is not None and ref and size > max_size_ratio * ref:
+        return Verdict(FAIL, f"{text}: larger than --max-size-ratio {max_size_ratio:g}")
+    return Verdict(PASS, text)
 
 
 def _reference_apply(source: Path, delta: Path, expected: Output, reverse: bool) -> str | None:

@@ -15,15 +15,23 @@ from typing import Any
 import jsonschema
 
 from .. import schemas
+from ..arguments import as_path
 from ..errors import BadArgumentError
 
-PROFILES = ("reader", "decoder", "reverse", "encoder")
+PROFILES = ("reader", "decoder", "reverse", "encoder", "manifest")
+# Placeholders every template of a profile must hold; manifest cases that need
+# storage add ``{store}`` (a chain root), tested only when the template has it.
 ROLES = {
     "reader": ("delta",),
     "decoder": ("base", "delta", "out"),
     "reverse": ("target", "delta", "out"),
     "encoder": ("base", "target", "out"),
+    "manifest": ("manifest",),
 }
+# The manifest cases that need storage run with a template of their own.
+STORE_TEMPLATE = "manifest-store"
+TEMPLATE_ROLES = {**ROLES, STORE_TEMPLATE: ("manifest", "store")}
+CHAIN_CATEGORIES = ("manifest-invalid", "chain-broken", "not-found", "conflict")
 _HERE = Path(__file__).resolve().parent
 # An installed wheel carries the vectors inside the package; a source checkout
 # keeps them at the repository's top level.
@@ -71,7 +79,8 @@ class Case:
     category: str | None
     output: Output | None
     reverse_output: Output | None
-    max_delta_bytes: int | None
+    reference_delta_bytes: int | None
+    information_bytes: int | None
 
     @property
     def expected(self) -> str:
@@ -119,12 +128,18 @@ def _case(raw: dict[str, Any]) -> Case:
         raw["id"], raw["profile"], raw["description"], raw["spec"]["section"],
         raw["spec"]["rule"], {role: _input(v) for role, v in raw["inputs"].items()},
         raw.get("out"), expect["outcome"], expect.get("category"), _output(expect.get("output")),
-        _output(expect.get("reverse_output")), expect.get("max_delta_bytes"),
+        _output(expect.get("reverse_output")), expect.get("reference_delta_bytes"),
+        expect.get("information_bytes"),
     )  # fmt: skip
 
 
-def load(root: Path, check_files: bool = True) -> Manifest:
+def load(root: Path | str, check_files: bool = True) -> Manifest:
     """Read and validate ``root/manifest.json``; optionally hash every vector file."""
+    root = as_path(root, "root")
+    if root.is_file():
+        raise BadArgumentError(
+            f"{root} is a file; the vectors are the folder holding manifest.json"
+        )
     path = root / "manifest.json"
     try:
         data = path.read_bytes()

@@ -28,6 +28,8 @@ class Options:
 
     ``work_dir``: keep every case folder there; otherwise case folders are
     made under ``scratch`` (default: the system temporary folder) and removed.
+    ``max_size_ratio``: fail an encoder's delta larger than this multiple of
+    the reference encoder's (size is otherwise reported, never judged).
     """
 
     timeout: float = 60.0
@@ -36,6 +38,7 @@ class Options:
     fail_fast: bool = False
     work_dir: Path | None = None
     scratch: Path | None = None
+    max_size_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def run_case(manifest: Manifest, case: Case, impl: Implementation, opts: Options
         verdict = Verdict(FAIL, f"modified its input files {modified}")
     else:
         verdict = judge(case, outcome, paths,
-                        lambda: reference_output(case, paths, work / "expected"))  # fmt: skip
+                        lambda: reference_output(case, paths, work / "expected"),
+                        opts.max_size_ratio)  # fmt: skip
     if opts.strict and verdict.status == SOFT:
         verdict = Verdict(FAIL, verdict.message + " (--strict)")
     return Result(case, verdict.status, verdict.message, outcome.describe(), outcome.command,
@@ -119,6 +123,10 @@ def run_all(
         def one(index: int, case: Case) -> Result:
             if not impl.supports(case.profile):
                 return Result(case, NOT_TESTED, f"no {case.profile} command given", "", "", 0.0)
+            if "store" in case.inputs and getattr(impl, "lacks_store", lambda p: False)(
+                case.profile
+            ):
+                return Result(case, NOT_TESTED, "the template has no {store}", "", "", 0.0)
             if stop.is_set():
                 return Result(case, SKIPPED, "not run after an earlier failure (--fail-fast)",
                               "", "", 0.0)  # fmt: skip

@@ -1,0 +1,238 @@
+"""Live weights on a chain: a trainer publishes steps from memory, nodes follow into memory.
+
+``Publisher.publish(state_dict)`` diffs the previously published copy against
+the new weights and appends the delta in one call; no full checkpoint is
+written (except version 0, which a chain stores whole, and snapshots asked
+for).  The previous copy is kept in host memory (one copy of the published
+weights: RAM of the checkpoint's size, a memcpy per step) or, with ``keep``,
+as a file on local disk (no RAM, but the full checkpoint written per step).
+
+``follow_weights`` keeps an in-memory mapping at the chain's head: each new
+version is applied with ``apply_inplace`` (all or nothing, every digest
+checked), so a failed download or a corrupted link leaves the weights at the
+previous version; the error is reported and the step retried with backoff.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from .. import api
+from .. import tensors as live
+from ..arguments import as_path, check_mapping, check_optional_int, check_seconds
+from ..atomic import atomic_file
+from ..checkpoint.safetensors_header import build_header
+from ..checkpoint.source import open_checkpoint
+from ..decoder import init_file
+from ..digest import TensorIdentity, checkpoint_digest
+from ..errors import BadArgumentError, WdeltaError
+from ..inplace import apply_inplace
+from ..output_file import pwrite_all
+from ..tensors import Select
+from . import graph
+from .errors import ChainBrokenError, NotFoundError
+from .fetch import fetch_link
+from .manifest import Manifest, Version
+from .ops import AppendOptions, append_delta, init
+from .pull import pull
+from .storage.base import Progress
+from .store import Chain, as_chain
+
+_WRITE_ELEMENTS = 1 << 22
+
+
+def save_weights(weights: Mapping[str, Any], path: Path, *, overwrite: bool = False) -> None:
+    """Write a mapping of arrays/tensors as one safetensors file, atomically, bit for bit.
+
+    An existing ``path`` is refused (BadArgumentError) unless ``overwrite``.
+    """
+    check_mapping(weights, "weights")
+    path = as_path(path, "path")
+    slots = [live.slot(name, value) for name, value in weights.items()]
+    layout = build_header([(s.name, s.dtype, s.shape) for s in slots], None)
+    begins = {t.name: layout.data_start + t.begin for t in layout.tensors}
+    with atomic_file(path, overwrite=overwrite) as fd:
+        init_file(fd, layout)
+        for s in slots:
+            for start in range(0, s.elements, _WRITE_ELEMENTS):
+                words = s.read(start, min(_WRITE_ELEMENTS, s.elements - start))
+                pwrite_all(fd, words.data.cast("B"), begins[s.name] + start * s.dtype.size)
+
+
+def weights_digest(weights: Mapping[str, Any]) -> str:
+    """The checkpoint digest (SPEC §9.4) of a mapping: what a file of it would have."""
+    check_mapping(weights, "weights")
+    slots = [live.slot(name, value) for name, value in weights.items()]
+    return checkpoint_digest(
+        TensorIdentity(s.name, s.dtype.name, s.shape, s.digest()) for s in slots
+    )
+
+
+def _host_copy(weights: Mapping[str, Any]) -> dict[str, Any]:
+    copies = {}
+    for name, value in weights.items():
+        s = live.slot(name, value)
+        copies[name] = live.present(s.read(0, s.elements), s.dtype, s.shape, None)
+    return copies
+
+
+class Publisher:
+    """Publishes in-memory weights to ``chain`` step after step.
+
+    ``keep`` None keeps the previous published copy in host memory; a path
+    keeps it as a safetensors file there.  ``previous`` resumes publishing
+    on an existing chain: the weights (mapping or checkpoint path) of its
+    head.  Without it the first ``publish`` starts the chain.
+    """
+
+    def __init__(
+        self, chain: Chain, *, keep: Path | None = None, options: AppendOptions | None = None,
+        previous: Mapping[str, Any] | Path | None = None,
+    ) -> None:  # fmt: skip
+        self.chain, self.keep, self.options = as_chain(chain), keep, options or AppendOptions()
+        self._previous: Mapping[str, Any] | Path | None = None
+        if previous is not None:
+            self._remember(previous if isinstance(previous, Mapping) else _load_all(previous))
+
+    def _remember(self, weights: Mapping[str, Any]) -> None:
+        if self.keep is None:
+            self._previous = _host_copy(weights)
+            return
+        save_weights(weights, self.keep, overwrite=True)
+        self._previous = self.keep
+
+    def publish(
+        self, weights: Mapping[str, Any], *, step: int | None = None,
+        metadata: Mapping[str, str] | None = None, snapshot: bool = False,
+        progress: Progress | None = None,
+    ) -> Manifest:  # fmt: skip
+        """Publish ``weights`` (a state_dict) as the chain's next version; its manifest.
+
+        The version's digest is the checkpoint digest of ``weights``, as a
+        file holding them would have.  On failure nothing is published and
+        the previous copy is kept.
+        """
+        with tempfile.TemporaryDirectory(prefix="wdelta-publish-") as tmp:
+            whole = Path(tmp) / "model.safetensors"
+            if self._previous is None:
+                if self.chain.revisions():
+                    raise BadArgumentError("the chain exists: pass previous= to resume it")
+                save_weights(weights, whole, overwrite=True)
+                m = init(self.chain, whole, step=step, metadata=metadata, progress=progress)
+            else:
+                out = Path(tmp) / "link.wdelta"
+                o = self.options
+                api.diff(self._previous, weights, out, level=o.level, threads=o.threads,
+                         chunk_elements=o.chunk_elements)  # fmt: skip
+                if snapshot or o.snapshot:
+                    save_weights(weights, whole, overwrite=True)
+                m = append_delta(
+                    self.chain, out, step=step, metadata=metadata,
+                    snapshot=whole if whole.exists() else None, progress=progress,
+                )  # fmt: skip
+        self._remember(weights)
+        return m
+
+
+def _load_all(path: Path, select: Select = None, device: Any = None) -> dict[str, Any]:
+    keep = live.selector(select)
+    with open_checkpoint(path) as ckpt:
+        return {
+            t.name: live.present(t.read(0, t.elements), t.dtype, t.shape, device)
+            for t in ckpt.tensors.values() if keep(t.name)
+        }  # fmt: skip
+
+
+def load(
+    chain: Chain, *, to: str | int = "head", tensors: str | None = None, device: Any = None,
+) -> tuple[dict[str, Any], Version]:  # fmt: skip
+    """Weights of version ``to`` in memory, and that version (a node's start).
+
+    ``tensors`` selects by pattern (a partial pull: only those byte ranges);
+    ``device`` None gives NumPy arrays, else torch tensors on that device.
+    Without a cache on ``chain`` the downloads go to a temporary one, removed
+    afterwards (``chain.cache`` stays None).
+    """
+    chain = as_chain(chain)
+    cache = chain.cache
+    with tempfile.TemporaryDirectory(prefix="wdelta-load-") as tmp:
+        local = Path(tmp) / "model.safetensors"
+        try:
+            result = pull(chain, local, to=to, tensors=tensors)
+        finally:
+            chain.cache = cache  # pull points a missing cache into ``tmp``
+        return _load_all(local, tensors, device), result.version
+
+
+def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partial: bool) -> Version:
+    if at is not None:
+        return m.version(at)
+    if partial:
+        raise BadArgumentError("a partial mapping cannot be hashed to its version: pass at=")
+    digest = weights_digest(weights)
+    found = m.by_digest(digest)
+    if found is None:
+        raise NotFoundError(f"the weights (digest {digest[:16]}) are not a version of the chain")
+    return found
+
+
+def _advance(
+    chain: Chain, weights: MutableMapping[str, Any], current: Version, tensors: Select,
+    threads: int,
+) -> Iterator[Version]:  # fmt: skip
+    """Apply the links from ``current`` to the head, yielding each version reached."""
+    m = chain.head()
+    plan = graph.cheapest_path(
+        m, [current.number], m.head.number, chain.is_cached, allow=lambda h: h.link is not None
+    )
+    if plan is None:
+        raise ChainBrokenError(f"no links lead from version {current.number} to the head")
+    for hop in plan[1]:
+        assert hop.link is not None
+        delta = fetch_link(chain, m, hop.link)
+        apply_inplace(weights, delta, hop.reverse, threads=threads, tensors=tensors)
+        yield m.version(hop.version)
+
+
+def follow_weights(
+    chain: Chain, weights: MutableMapping[str, Any], *, at: str | int | None = None,
+    tensors: Select = None, interval: float = 10.0, max_polls: int | None = None,
+    backoff: tuple[float, float] = (1.0, 60.0),
+    on_error: Callable[[WdeltaError, int], None] | None = None, threads: int = 2,
+) -> Iterator[Version]:  # fmt: skip
+    """Keep ``weights`` at the chain's head; yields every version once applied.
+
+    ``at`` is the weights' version (number, digest or ``step:N``); None
+    hashes them to find it (a partial mapping, with ``tensors``, needs it).
+    The head is polled every ``interval`` seconds, ``max_polls`` times (None:
+    forever).  A failed step (download, corrupted link, digest) leaves the
+    weights at the last yielded version, is passed to ``on_error(error,
+    failures in a row)`` and retried after ``backoff[0] * 2**(failures-1)``
+    seconds, at most ``backoff[1]``.  The chain needs a cache folder.
+    """
+    chain = as_chain(chain)
+    check_mapping(weights, "weights", mutable=True)
+    interval = check_seconds(interval, "interval") or 0.0
+    check_optional_int(max_polls, "max_polls", 1)
+    if chain.cache is None:
+        raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
+    current = _start(chain.head(), weights, at, tensors is not None)
+    failures, polls = 0, 0
+    while max_polls is None or polls < max_polls:
+        polls += 1
+        try:
+            for version in _advance(chain, weights, current, tensors, threads):
+                current, failures = version, 0
+                yield version
+        except WdeltaError as exc:
+            failures += 1
+            if on_error is not None:
+                on_error(exc, failures)
+            time.sleep(min(backoff[0] * 2 ** (failures - 1), backoff[1]))
+            continue
+        if max_polls is None or polls < max_polls:
+            time.sleep(interval)

@@ -1,0 +1,58 @@
+"""Deliberately broken manifest readers around ``wdelta chain check``, for the conformance tests.
+
+    python tests/broken_manifest_reader.py MODE MANIFEST [--store STORE]
+
+``faithful`` is the reference; ``plain-json`` parses with ``json.loads``
+(duplicate keys, NaN, lone surrogates and deep nesting pass); ``no-reachability``
+skips CH-9; ``skip-missing`` skips listed files missing from storage (RD-3).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import wdelta.chain.graph
+import wdelta.chain.manifest
+import wdelta.chain.ops
+from wdelta import api, cli
+from wdelta.chain.errors import ManifestInvalidError, NotFoundError
+from wdelta.chain.fetch import fetch_link, materialize_snapshot
+
+
+def plain_json(data: bytes) -> dict[str, Any]:
+    value = json.loads(data)
+    if not isinstance(value, dict):
+        raise ManifestInvalidError("not an object")
+    return value
+
+
+def skip_missing(chain: Any, m: Any) -> None:
+    for link in m.links:
+        try:
+            api.verify(fetch_link(chain, m, link))
+        except NotFoundError:
+            continue
+    with tempfile.TemporaryDirectory() as tmp:
+        for snap in m.snapshots:
+            try:
+                materialize_snapshot(chain, m, snap, Path(tmp) / f"v{snap.version}")
+            except NotFoundError:
+                continue
+
+
+def main(mode: str, args: list[str]) -> int:
+    if mode == "plain-json":
+        wdelta.chain.manifest._load_json = plain_json  # type: ignore[assignment]
+    if mode == "no-reachability":
+        wdelta.chain.graph.unreachable = lambda m: []  # type: ignore[assignment]
+    if mode == "skip-missing":
+        wdelta.chain.ops.check_files = skip_missing
+    return cli.run(["chain", "check", "-q", *args])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2:]))

@@ -1,0 +1,154 @@
+"""Trainer publishes from memory, nodes follow into memory (local chain storage)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import wdelta
+from wdelta import chain
+from wdelta.errors import WdeltaError
+
+torch = pytest.importorskip("torch")
+
+from test_torch import random_tensor, stepped, words  # noqa: E402
+
+
+def state(seed: int) -> dict[str, Any]:
+    return {
+        "model.embed_tokens.weight": random_tensor(torch.bfloat16, (64, 32), seed),
+        "model.layers.0.mlp.up_proj.weight": random_tensor(torch.float8_e4m3fn, (32, 48), seed + 1),
+        "model.layers.0.mlp.up_proj.weight_scale_inv": random_tensor(torch.float32, (1, 1), seed),
+        "model.norm.weight": torch.ones(32, dtype=torch.bfloat16),
+    }
+
+
+def next_state(s: dict[str, Any], seed: int) -> dict[str, Any]:
+    return {n: stepped(t, seed, 0.05) for n, t in s.items()}
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(words(a[n]), words(b[n])) for n in a)
+
+
+def new_chain(tmp: Path, name: str = "store") -> chain.Chain:
+    return chain.Chain(chain.open_storage(str(tmp / name)), cache=tmp / f"{name}-cache")
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_publish_digest_is_the_files_digest(tmp_path: Path, on_disk: bool) -> None:
+    """Each published version's digest is what diffing saved files would name."""
+    from safetensors.torch import save_file
+
+    c = new_chain(tmp_path)
+    keep = tmp_path / "previous.safetensors" if on_disk else None
+    pub = chain.Publisher(c, keep=keep)
+    s = state(0)
+    pub.publish(s, step=0)
+    save_file(s, str(tmp_path / "s0.safetensors"))
+    for k in range(1, 4):
+        s = next_state(s, 10 * k)
+        m = pub.publish(s, step=k)
+        save_file(s, str(tmp_path / f"s{k}.safetensors"))
+        a, b = tmp_path / f"s{k - 1}.safetensors", tmp_path / f"s{k}.safetensors"
+        wdelta.diff(a, b, tmp_path / "files.wdelta", overwrite=True)
+        with wdelta.open_delta(tmp_path / "files.wdelta") as d:
+            assert m.head.digest == d.header.raw["target"]["digest"]
+        assert m.head.step == k and len(m.links) == k
+    chain.pull(c, tmp_path / "node.safetensors")
+    assert (tmp_path / "node.safetensors").exists()
+    assert chain.weights_digest(s) == m.head.digest
+    assert keep is None or keep.exists()
+
+
+def test_publisher_refuses_an_existing_chain_without_previous(tmp_path: Path) -> None:
+    c = new_chain(tmp_path)
+    chain.Publisher(c).publish(state(0))
+    with pytest.raises(wdelta.BadArgumentError):
+        chain.Publisher(c).publish(state(1))
+    resumed = chain.Publisher(c, previous=state(0))
+    assert resumed.publish(next_state(state(0), 3)).head.number == 1
+
+
+def test_follow_weights_reaches_each_version(tmp_path: Path) -> None:
+    c = new_chain(tmp_path)
+    pub = chain.Publisher(c)
+    s = state(0)
+    pub.publish(s, step=0)
+    weights, v0 = chain.load(new_chain(tmp_path), device="cpu")
+    assert v0.number == 0 and same(weights, s)
+    published = [s]
+    for k in range(1, 4):
+        published.append(next_state(published[-1], k))
+        pub.publish(published[-1], step=k)
+    node = new_chain(tmp_path, "store")
+    node.cache = tmp_path / "node-cache"
+    seen = []
+    for v in chain.follow_weights(node, weights, interval=0, max_polls=1):
+        seen.append(v.number)
+        assert same(weights, published[v.number])
+    assert seen == [1, 2, 3]
+
+
+def test_corrupted_link_leaves_the_previous_version(tmp_path: Path) -> None:
+    """A delta corrupted in storage: reported as checksum-mismatch, weights untouched,
+    retried with backoff, and applied once storage holds the right bytes again."""
+    c = new_chain(tmp_path)
+    pub = chain.Publisher(c)
+    s0, s1 = state(0), next_state(state(0), 1)
+    pub.publish(s0)
+    m = pub.publish(s1)
+    key = tmp_path / "store" / m.links[0].key
+    good = key.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 1
+    key.write_bytes(bytes(bad))
+    weights = {n: t.clone() for n, t in s0.items()}
+    errors: list[tuple[str, int]] = []
+
+    def report(exc: WdeltaError, failures: int) -> None:
+        errors.append((exc.category, failures))
+        assert same(weights, s0)  # never a mix
+        if failures == 2:
+            key.write_bytes(good)
+
+    follower = chain.follow_weights(
+        new_chain(tmp_path), weights, interval=0, max_polls=3, backoff=(0.01, 0.02),
+        on_error=report,
+    )  # fmt: skip
+    assert [v.number for v in follower] == [1]
+    assert errors == [("checksum-mismatch", 1), ("checksum-mismatch", 2)]
+    assert same(weights, s1)
+
+
+def test_partial_follow_keeps_only_selected_tensors(tmp_path: Path) -> None:
+    c = new_chain(tmp_path)
+    pub = chain.Publisher(c)
+    s = state(0)
+    pub.publish(s)
+    pattern = "model.layers.0.*"
+    weights, v0 = chain.load(new_chain(tmp_path), tensors=pattern, device="cpu")
+    assert set(weights) == {n for n in s if n.startswith("model.layers.0.")}
+    s1 = next_state(s, 4)
+    pub.publish(s1)
+    got = list(chain.follow_weights(
+        new_chain(tmp_path), weights, at=v0.number, tensors=pattern, interval=0, max_polls=1
+    ))  # fmt: skip
+    assert [v.number for v in got] == [1]
+    assert same(weights, {n: s1[n] for n in weights})
+    with pytest.raises(wdelta.BadArgumentError):
+        next(chain.follow_weights(new_chain(tmp_path), weights, tensors=pattern, max_polls=1))
+
+
+def test_load_without_a_cache_leaves_none_behind(tmp_path: Path) -> None:
+    c = new_chain(tmp_path)
+    chain.Publisher(c).publish(state(0))
+    node = chain.Chain(chain.open_storage(str(tmp_path / "store")))
+    weights, version = chain.load(node)
+    assert version.number == 0 and node.cache is None
+    assert {n: a.tobytes() for n, a in weights.items()} == {
+        n: words(t).tobytes() for n, t in state(0).items()
+    }  # NumPy arrays (device=None), bit-identical to the published tensors
