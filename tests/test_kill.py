@@ -39,7 +39,7 @@ class Work:
     """Checkpoints s0, s1, s2, the delta s0 -> s1 and chains in ``root``."""
 
     root: Path
-    # Per command: (seconds until its first temporary appeared, seconds to finish).
+    # Per command: seconds until a temporary first and last existed in a run.
     seconds: dict[str, tuple[float, float]]
 
     def s(self, i: int) -> Path:
@@ -68,27 +68,31 @@ def _make_work(root: Path, elements: int, names: list[str]) -> Work:
 
 
 def _calibrate(case: Case) -> tuple[float, float]:
-    """When, in an uninterrupted run, the first temporary appears and the run ends."""
+    """When, in an uninterrupted run, a temporary first and last exists (the writing
+    phase; the run's end if none was seen)."""
     start = time.monotonic()
     proc = subprocess.Popen(
         [str(WDELTA), *map(str, case.argv), "-q"], env=_env(case.folder),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    first = None
+    seen = []
     while proc.poll() is None:
-        if first is None and temporaries(case.folder):
-            first = time.monotonic() - start
+        if temporaries(case.folder):
+            seen.append(time.monotonic() - start)
         time.sleep(0.002)
     assert proc.returncode == 0
     case.check_done()
-    return first or 0.0, time.monotonic() - start
+    end = time.monotonic() - start
+    return (seen[0], seen[-1]) if seen else (end, end)
 
 
-def delay(w: Work, name: str, point: float) -> float:
-    """Seconds into a run: ``point`` in [0, 1) of the time before the first temporary,
-    or, in [1, 2), of the time from it to the end (the writing phase)."""
-    first, end = w.seconds[name]
-    return first * point if point < 1 else first + (end - first) * (point - 1)
+def delay(w: Work, name: str, point: float) -> tuple[bool, float]:
+    """When to kill: ``point`` in [0, 1) is that fraction of the time before the first
+    temporary, counted from the start; in [1, 2), that fraction of the writing phase
+    (while temporaries exist), counted from the first temporary's appearance (start-up
+    time varies by more than the writing phase lasts).  (after_temporary, seconds)."""
+    first, last = w.seconds[name]
+    return (False, first * point) if point < 1 else (True, (last - first) * (point - 1))
 
 
 def _env(folder: Path) -> dict[str, str]:
@@ -181,12 +185,17 @@ def temporaries(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if MARK in p.name]
 
 
-def _killed(case: Case, sig: signal.Signals, delay: float) -> subprocess.CompletedProcess[str]:
+def _killed(
+    case: Case, sig: signal.Signals, when: tuple[bool, float]
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.Popen(
         [str(WDELTA), *map(str, case.argv), "-q"], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env=_env(case.folder),
     )  # fmt: skip
-    time.sleep(delay)
+    after_temporary, seconds = when
+    while after_temporary and proc.poll() is None and not temporaries(case.folder):
+        time.sleep(0.002)
+    time.sleep(seconds)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
