@@ -24,6 +24,7 @@ import wdelta
 from chainkit import Trainer
 from test_cli import ENV, WDELTA, assert_error
 from wdelta import chain
+from wdelta.chain.local import digest_of_path
 from wdelta.errors import WdeltaError
 
 ARRAYS = {"w": np.arange(64, dtype=np.float32)}
@@ -283,3 +284,35 @@ def test_a_chain_without_cache_says_how_to_give_one(files: tuple[Path, Path, Pat
         chain.verify(str(store))
     assert info.value.category == "io-error"
     assert "cache=FOLDER" in str(info.value)
+
+
+def test_live_weights_api_wrong_kinds(files: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """The in-memory API (apply_inplace, changes, changed_tensors, verify_weights, chain
+    save_weights / weights_digest / load / follow_weights / append_delta) refuses wrong kinds."""
+    base, target, delta = files
+    weights = dict(wdelta.apply(base, delta, reverse=False))  # the target, in memory
+    expect_bad_argument(wdelta.apply_inplace, [1], delta)
+    expect_bad_argument(wdelta.apply_inplace, "a.safetensors", delta)
+    expect_bad_argument(wdelta.apply_inplace, dict(weights), delta, threads="2")
+    expect_bad_argument(wdelta.apply_inplace, dict(weights), delta, tensors=5)
+    expect_bad_argument(lambda: list(wdelta.changes(delta, tensors=5)))
+    expect_bad_argument(lambda: list(wdelta.changed_tensors([1], delta)))
+    expect_bad_argument(lambda: list(wdelta.changed_tensors(weights, delta, threads=0)))
+    expect_bad_argument(wdelta.verify_weights, None, delta)
+    expect_bad_argument(chain.save_weights, [1], tmp_path / "w.safetensors")
+    expect_bad_argument(chain.save_weights, weights, None)
+    expect_bad_argument(chain.weights_digest, [1])
+    expect_bad_argument(chain.load, 5)
+    expect_bad_argument(lambda: list(chain.follow_weights(tmp_path / "s", [1], interval=0)))
+    expect_bad_argument(chain.append_delta, tmp_path / "s", None)
+    chain.save_weights(weights, str(tmp_path / "w.safetensors"))  # a str path is a path
+    assert digest_of_path(tmp_path / "w.safetensors") == digest_of_path(target)
+
+
+def test_apply_inplace_to_its_own_target_says_so(files: tuple[Path, Path, Path]) -> None:
+    base, _, delta = files
+    weights = dict(wdelta.apply(base, delta))
+    with pytest.raises(WdeltaError) as info:
+        wdelta.apply_inplace(weights, delta)
+    assert info.value.category == "base-mismatch"
+    assert "already at the delta's target" in str(info.value)

@@ -141,3 +141,14 @@ def test_partial_follow_keeps_only_selected_tensors(tmp_path: Path) -> None:
     assert same(weights, {n: s1[n] for n in weights})
     with pytest.raises(wdelta.BadArgumentError):
         next(chain.follow_weights(new_chain(tmp_path), weights, tensors=pattern, max_polls=1))
+
+
+def test_load_without_a_cache_leaves_none_behind(tmp_path: Path) -> None:
+    c = new_chain(tmp_path)
+    chain.Publisher(c).publish(state(0))
+    node = chain.Chain(chain.open_storage(str(tmp_path / "store")))
+    weights, version = chain.load(node)
+    assert version.number == 0 and node.cache is None
+    assert {n: a.tobytes() for n, a in weights.items()} == {
+        n: words(t).tobytes() for n, t in state(0).items()
+    }  # NumPy arrays (device=None), bit-identical to the published tensors

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
+import tracemalloc
+from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import wdelta
 from kit import Delta, RawTensor, safetensors_bytes, write_sharded
-from test_cli import assert_error, run
+from test_cli import ENV, assert_error, run
+from wdelta import jsoncost, strictjson
 from wdelta.chain.errors import ManifestInvalidError
 from wdelta.chain.manifest import parse_manifest
 from wdelta.container import pack_prefix
@@ -92,3 +100,128 @@ def test_a_huge_integer_in_a_shard_index_is_checkpoint_invalid(tmp_path: Path) -
 def test_a_huge_integer_in_a_chain_manifest_is_manifest_invalid() -> None:
     with pytest.raises(ManifestInvalidError):
         parse_manifest(b'{"format": "wdelta-chain", "revision": ' + HUGE + b"}")
+
+
+# ---------------------------------------------------------------- finding 4: memory bound
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+def _reference_counts(value: object, depth: int = 1) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    counts["depth"] = depth if isinstance(value, (dict, list)) else 0
+    children: list[object] = []
+    if isinstance(value, dict):
+        counts["objects"] += 1
+        counts["members"] += len(value)
+        counts["strings"] += len(value)
+        children = list(value.values())
+    elif isinstance(value, list):
+        counts["arrays"] += 1
+        children = value
+    elif isinstance(value, str):
+        counts["strings"] += 1
+    for child in children:
+        sub = _reference_counts(child, depth + 1)
+        counts["depth"] = max(counts["depth"], sub.pop("depth"))
+        counts.update(sub)
+    return counts
+
+
+@given(json_values, st.sampled_from([None, 1, 2]), st.integers(1, 64))
+def test_scan_counts_the_tokens_of_any_json(value: object, indent: int | None, block: int) -> None:
+    data = json.dumps(value, indent=indent, ensure_ascii=False).encode("utf-8")
+    with mock.patch.object(jsoncost, "BLOCK", block):
+        got = jsoncost.scan(data)
+    want = _reference_counts(value)
+    assert (got.objects, got.arrays, got.members, got.strings, got.depth) == (
+        want["objects"], want["arrays"], want["members"], want["strings"], want["depth"],
+    )  # fmt: skip
+
+
+# One element of an array repeated to fill a header; the last is a legal
+# header's densest entry (an unchanged chunk), which must stay readable.
+SHAPES = {
+    "dicts": b"{},", "lists": b"[],", "nested": b"[[[[[[[[]]]]]]]],", "one": b'{"":0},',
+    "strings": b'"ab",', "floats": b"1.5,", "ints": b"1000,", "zeros": b"0,",
+    "emoji": '"\U0001f600",'.encode(), "chunks": b'{"encoding":"unchanged","changed":0},',
+}  # fmt: skip
+
+
+def _array_of(unit: bytes, size: int) -> bytes:
+    return b"[" + unit * (size // len(unit)) + b"0]"
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_estimate_bounds_what_parsing_allocates(shape: str) -> None:
+    data = _array_of(SHAPES[shape], 1 << 19)
+    tracemalloc.start()
+    strictjson._parse(data, wdelta.HeaderInvalidError, "test", None)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    estimate = jsoncost.parse_cost(jsoncost.scan(data), data)
+    assert peak <= estimate
+    # Dense hostile shapes are refused; a legal header's densest entries are not.
+    assert (estimate <= jsoncost.PER_BYTE * len(data)) == (shape in {"chunks", "zeros"})
+
+
+_RSS_PROBE = """
+import resource, sys, wdelta
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    wdelta.open_delta(sys.argv[1]).close()
+    outcome = "read"
+except wdelta.WdeltaError as exc:
+    outcome = exc.category
+print(outcome, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def _peak_rss(delta: Path, n: int) -> tuple[str, int]:
+    """Read ``delta`` in a subprocess capped at 10 x n + 4 GiB of address space (a guard)."""
+    cap = 10 * n + (4 << 30)
+    result = subprocess.run(
+        [sys.executable, "-c", _RSS_PROBE, str(delta), str(cap)],
+        capture_output=True, text=True, env=ENV, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    outcome, rss = result.stdout.split()
+    return outcome, int(rss)
+
+
+def _hostile_headers(delta: Path, folder: Path, size: int) -> list[tuple[str, Path]]:
+    return [
+        (
+            name,
+            rewrite_header(
+                delta, folder / f"{name}.wdelta", {"extra": "@@"}, _array_of(unit, size)
+            ),
+        )
+        for name, unit in SHAPES.items()
+    ]
+
+
+def _check_rss(delta: Path, folder: Path, size: int) -> None:
+    for name, path in _hostile_headers(delta, folder, size):
+        n = path.stat().st_size
+        outcome, rss = _peak_rss(path, n)
+        print(f"{name}: {outcome}, peak RSS {rss >> 20} MiB for a {n >> 20} MiB header")
+        assert outcome in ({"read"} if name in {"chunks", "zeros"} else {"read", "limit-exceeded"})
+        assert rss <= 10 * n + (300 << 20), f"{name}: {rss >> 20} MiB for {n >> 20} MB"
+        path.unlink()
+
+
+def test_reading_hostile_headers_stays_within_10n_plus_300_mib(delta: Path, tmp_path: Path) -> None:
+    _check_rss(delta, tmp_path, 4 << 20)
+
+
+@pytest.mark.slow
+def test_reading_30_mb_hostile_headers_stays_within_10n_plus_300_mib(
+    delta: Path, tmp_path: Path
+) -> None:
+    _check_rss(delta, tmp_path, 30 << 20)

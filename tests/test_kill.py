@@ -1,8 +1,9 @@
 """Commands killed part-way lose nothing and leave nothing behind.
 
 ``diff``, ``apply``, ``chain append`` and ``chain pull`` run as real CLI
-processes and get SIGTERM or SIGKILL after a delay spread over the length of
-an uninterrupted run (calibrated on this machine).  Then: the inputs are
+processes and get SIGTERM or SIGKILL after a delay: 2 before the command's
+first temporary file appears and 5 spread over its writing phase, as timed
+on an uninterrupted run on this machine.  Then: the inputs are
 byte-identical; the output is absent or complete and correct (a chain is
 valid, at the old or the new head); after SIGTERM the process exited with
 128 + 15 and ``error: interrupted (SIGTERM)`` and left no temporary; after
@@ -38,7 +39,8 @@ class Work:
     """Checkpoints s0, s1, s2, the delta s0 -> s1 and chains in ``root``."""
 
     root: Path
-    seconds: dict[str, float]
+    # Per command: (seconds until its first temporary appeared, seconds to finish).
+    seconds: dict[str, tuple[float, float]]
 
     def s(self, i: int) -> Path:
         return self.root / f"s{i}.safetensors"
@@ -61,12 +63,32 @@ def _make_work(root: Path, elements: int, names: list[str]) -> Work:
         shutil.copytree(root / "chain01", root / "chain012")
         assert_ok(run("chain", "append", root / "chain012", w.s(2), "--base", w.s(1), "-q"))
     for name in names:
-        case = COMMANDS[name](w, Path(root / f"calibrate-{name}"))
-        start = time.monotonic()
-        assert_ok(_run(case.argv, case.folder))
-        w.seconds[name] = time.monotonic() - start
-        case.check_done()
+        w.seconds[name] = _calibrate(COMMANDS[name](w, Path(root / f"calibrate-{name}")))
     return w
+
+
+def _calibrate(case: Case) -> tuple[float, float]:
+    """When, in an uninterrupted run, the first temporary appears and the run ends."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [str(WDELTA), *map(str, case.argv), "-q"], env=_env(case.folder),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    first = None
+    while proc.poll() is None:
+        if first is None and temporaries(case.folder):
+            first = time.monotonic() - start
+        time.sleep(0.002)
+    assert proc.returncode == 0
+    case.check_done()
+    return first or 0.0, time.monotonic() - start
+
+
+def delay(w: Work, name: str, point: float) -> float:
+    """Seconds into a run: ``point`` in [0, 1) of the time before the first temporary,
+    or, in [1, 2), of the time from it to the end (the writing phase)."""
+    first, end = w.seconds[name]
+    return first * point if point < 1 else first + (end - first) * (point - 1)
 
 
 def _env(folder: Path) -> dict[str, str]:
@@ -177,11 +199,11 @@ def _again(name: str, case: Case) -> list[object]:
     return case.argv if name == "pull" else [*case.argv, "--force"]
 
 
-def kill_point(w: Work, tmp: Path, name: str, sig: signal.Signals, fraction: float) -> bool:
-    """Run one kill point; True if the kill left a temporary (a SIGKILL mid-write)."""
+def kill_point(w: Work, tmp: Path, name: str, sig: signal.Signals, point: float) -> bool:
+    """Run one kill point (see :func:`delay`); True if the kill left a temporary."""
     case = COMMANDS[name](w, tmp / "case")
     before = [tree_hashes(p) for p in case.inputs]
-    result = _killed(case, sig, w.seconds[name] * fraction)
+    result = _killed(case, sig, delay(w, name, point))
     assert [tree_hashes(p) for p in case.inputs] == before
     case.check_output()
     left = temporaries(case.folder)
@@ -210,7 +232,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Work:
 
 @pytest.mark.parametrize(("name", "sig"), [("diff", signal.SIGTERM), ("apply", signal.SIGKILL)])
 def test_kill_midway(small: Work, tmp_path: Path, name: str, sig: signal.Signals) -> None:
-    kill_point(small, tmp_path, name, sig, 0.6)
+    kill_point(small, tmp_path, name, sig, 1.5)
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +240,8 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Work:
     return _make_work(tmp_path_factory.mktemp("kill-big"), 1 << 21, list(COMMANDS))
 
 
-FRACTIONS = [(i + 0.5) / 7 for i in range(7)]
+# 2 points before the first temporary, 5 spread over the writing phase.
+POINTS = [1 / 3, 2 / 3, *(1 + (i + 0.5) / 5 for i in range(5))]
 
 
 @pytest.mark.slow
@@ -226,7 +249,7 @@ FRACTIONS = [(i + 0.5) / 7 for i in range(7)]
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_kill_points(big: Work, tmp_path: Path, name: str, sig: signal.Signals) -> None:
     left = 0
-    for i, fraction in enumerate(FRACTIONS):
-        left += kill_point(big, tmp_path / str(i), name, sig, fraction)
+    for i, point in enumerate(POINTS):
+        left += kill_point(big, tmp_path / str(i), name, sig, point)
     if sig == signal.SIGKILL and name != "append":
         assert left > 0, "no kill point hit a temporary: the delays miss the writing phase"

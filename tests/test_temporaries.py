@@ -4,6 +4,7 @@ and removed by the next run when their process died without cleaning up."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,6 +35,18 @@ def test_temporary_names_say_what_and_whose(tmp_path: Path) -> None:
     (tmp_path / long).touch()  # a valid file name
 
 
+def test_host_tags_of_changed_names_carry_a_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    tags = {}
+    for name in ("node-1", "node_1", "n" * 40 + "a", "n" * 40 + "b"):
+        monkeypatch.setattr(atomic.socket, "gethostname", lambda name=name: name)
+        atomic.host_tag.cache_clear()
+        tags[name] = atomic.host_tag()
+    atomic.host_tag.cache_clear()
+    assert tags["node_1"] == "node_1"
+    assert len(set(tags.values())) == 4
+    assert all(re.fullmatch(r"\w{1,41}", tag) for tag in tags.values())
+
+
 def test_stale_temporaries_of_dead_local_processes_are_removed(tmp_path: Path) -> None:
     host, dead = atomic.host_tag(), _dead_pid()
     stale_file = f".a.wdelta-tmp-{host}-{dead}-{'0' * 16}"
@@ -42,6 +55,7 @@ def test_stale_temporaries_of_dead_local_processes_are_removed(tmp_path: Path) -
         f".c.wdelta-tmp-{host}-{os.getpid()}-{'2' * 16}",  # a live process (this one)
         f".d.wdelta-tmp-other_host-{dead}-{'3' * 16}",  # another host on a shared folder
         f".e.wdelta-tmp-{host}-{dead}-xyz",  # not our pattern
+        f".f.wdelta-tmp-{host}-0-{'4' * 16}",  # not a process ID
         "a.safetensors",
     ]
     (tmp_path / stale_file).write_bytes(b"x")
@@ -103,3 +117,18 @@ def test_signal_mid_write_removes_the_temporary(
     assert err.splitlines() == [f"error: interrupted ({sig.name})"]
     assert os.listdir(out.parent) == []
     assert tree_hashes(delta.parent) == before
+
+
+def test_a_signal_during_creation_is_raised_after_it() -> None:
+    """The window between creating a temporary and recording it for cleanup is closed."""
+    from wdelta import interrupts
+
+    done, before = [], signal.getsignal(signal.SIGTERM)
+    with interrupts.as_exceptions(), pytest.raises(interrupts.Interrupted) as caught:
+        with interrupts.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler has run by now, in this thread
+            done.append("recorded")
+        done.append("not reached")
+    assert done == ["recorded"] and caught.value.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before

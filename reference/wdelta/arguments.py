@@ -8,7 +8,7 @@ Paths are accepted as ``str`` or ``os.PathLike[str]`` everywhere.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Union
 
@@ -78,3 +78,13 @@ def check_seconds(value: object, what: str) -> float | None:
     ):
         raise BadArgumentError(f"{what} must be a number of seconds >= 0, got {value!r}")
     return float(value)
+
+
+def check_mapping(value: object, what: str, *, mutable: bool = False) -> None:
+    """``value`` must be a mapping (a mutable one if ``mutable``) of tensors by name."""
+    kind = MutableMapping if mutable else Mapping
+    if not isinstance(value, kind):
+        raise BadArgumentError(
+            f"{what} must be a {'mutable ' if mutable else ''}mapping of tensor names to "
+            f"arrays or tensors, not {_kind(value)}"
+        )

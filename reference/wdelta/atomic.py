@@ -18,6 +18,7 @@ process only keeps a stale temporary for longer.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -28,7 +29,7 @@ from functools import cache
 from pathlib import Path
 from typing import TypeVar
 
-from . import rename
+from . import interrupts, rename
 from .destination import exists_error
 from .errors import BadArgumentError, StorageError
 
@@ -45,8 +46,17 @@ T = TypeVar("T")
 
 @cache
 def host_tag() -> str:
-    """This host's name as it appears in temporary names (letters, digits, _)."""
-    return re.sub(r"\W", "_", socket.gethostname(), flags=re.ASCII)[:40]
+    """This host's name as it appears in temporary names (letters, digits, _).
+
+    A name that had to be changed (other characters, over 32 of them) gets 8
+    hex digits of its hash, so that two hosts' tags differ (but for a 2^-32
+    chance) even where their cut or changed names agree.
+    """
+    name = socket.gethostname()
+    tag = re.sub(r"\W", "_", name, flags=re.ASCII)[:32]
+    if tag == name:
+        return tag
+    return f"{tag}_{hashlib.blake2b(os.fsencode(name), digest_size=4).hexdigest()}"
 
 
 def temp_name(stem: str) -> str:
@@ -57,13 +67,15 @@ def temp_name(stem: str) -> str:
 
 def _alive(pid: int) -> bool:
     """False only if no process ``pid`` runs on this host (a zombie counts as running)."""
+    if pid <= 0:
+        return True  # not a process ID (0 would signal our own process group)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OverflowError, ValueError):
-        return True
-    return pid > 0
+    except (PermissionError, OverflowError):
+        pass  # another user's process, or no valid PID: keep its files either way
+    return True
 
 
 def remove_stale(folder: Path) -> list[str]:
@@ -110,17 +122,36 @@ def temp_folder(parent: Path, stem: str) -> Path:
     return _unique(parent, stem, lambda path: os.mkdir(path, 0o777))[1]
 
 
+def _new_file(folder: Path, stem: str) -> tuple[int, Path]:
+    try:
+        return temp_file(folder, stem)
+    except OSError as exc:
+        raise StorageError(f"cannot create a file in {folder}: {exc}") from exc
+
+
+def _new_folder(parent: Path, stem: str) -> Path:
+    try:
+        return temp_folder(parent, stem)
+    except OSError as exc:
+        raise StorageError(f"cannot create a folder in {parent}: {exc}") from exc
+
+
+# The callers below create their temporary inside ``interrupts.deferred()``
+# and inside the ``try`` that removes it: a signal arriving while it is
+# created is raised only once its path is known to the cleanup.
+
+
 @contextlib.contextmanager
 def temp_dir(parent: Path, stem: str) -> Iterator[Path]:
     """A temporary working folder in ``parent``, removed with its contents on exit."""
+    path = None
     try:
-        path = temp_folder(parent, stem)
-    except OSError as exc:
-        raise StorageError(f"cannot create a folder in {parent}: {exc}") from exc
-    try:
+        with interrupts.deferred():
+            path = _new_folder(parent, stem)
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def fsync_dir(folder: Path) -> None:
@@ -169,11 +200,10 @@ def atomic_file(dest: Path, *, overwrite: bool) -> Iterator[int]:
     if not overwrite and os.path.lexists(dest):
         raise exists_error(dest)
     folder = _parent(dest)
+    fd, tmp = -1, None
     try:
-        fd, tmp = temp_file(folder, dest.name)
-    except OSError as exc:
-        raise StorageError(f"cannot create a file in {folder}: {exc}") from exc
-    try:
+        with interrupts.deferred():
+            fd, tmp = _new_file(folder, dest.name)
         yield fd
         os.fsync(fd)
         os.close(fd)
@@ -183,8 +213,8 @@ def atomic_file(dest: Path, *, overwrite: bool) -> Iterator[int]:
     except BaseException as exc:
         if fd >= 0:
             os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.errno in rename.NO_SPACE:
             raise _output_error(dest, exc) from exc
         raise
@@ -202,11 +232,10 @@ def atomic_folder(dest: Path, *, overwrite: bool) -> Iterator[Path]:
     if not overwrite and dest.is_dir() and any(dest.iterdir()):
         raise exists_error(dest)
     parent = _parent(dest)
+    tmp = None
     try:
-        tmp = temp_folder(parent, dest.name)
-    except OSError as exc:
-        raise StorageError(f"cannot create a folder in {parent}: {exc}") from exc
-    try:
+        with interrupts.deferred():
+            tmp = _new_folder(parent, dest.name)
         yield tmp
         for child in tmp.iterdir():
             with open(child, "rb") as f:
@@ -215,7 +244,8 @@ def atomic_folder(dest: Path, *, overwrite: bool) -> Iterator[Path]:
         _commit(tmp, dest, overwrite)
         fsync_dir(parent)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno in rename.NO_SPACE:
             raise _output_error(dest, exc) from exc
         raise

@@ -67,7 +67,7 @@ def plan_steps(header: Header, reverse: bool) -> list[Step]:
     return steps
 
 
-def _at_output_side(reverse: bool, evidence: str) -> str:
+def at_output_side(reverse: bool, evidence: str) -> str:
     """The message for an input that is already what the delta would produce."""
     if reverse:
         return (f"input is already at the delta's base ({evidence}): nothing to do "
@@ -85,7 +85,7 @@ def check_input(header: Header, ckpt: Checkpoint, reverse: bool) -> None:
         return
     if actual == {t.name: (t.dtype, t.shape) for t in header.side_tensors(other)}:
         raise BaseMismatchError(
-            _at_output_side(reverse, f"it has the {other}'s tensors, dtypes and shapes")
+            at_output_side(reverse, f"it has the {other}'s tensors, dtypes and shapes")
         )
     missing = sorted(set(expected) - set(actual))
     extra = sorted(set(actual) - set(expected))
@@ -109,7 +109,7 @@ def check_digests(step: Step, src_hex: str, dst_hex: str) -> None:
         if src_hex == step.dst_digest:
             side = "base" if step.reverse else "target"
             raise BaseMismatchError(
-                _at_output_side(step.reverse, f"tensor {name!r} has its {side} bytes")
+                at_output_side(step.reverse, f"tensor {name!r} has its {side} bytes")
             )
         raise BaseMismatchError(f"tensor {name!r}: input bytes differ from the delta's digest")
     if step.entry.op == "unchanged":

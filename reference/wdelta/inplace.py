@@ -35,6 +35,7 @@ import numpy as np
 
 from . import decoder
 from . import tensors as live
+from .arguments import check_int, check_mapping
 from .checkpoint.source import Words
 from .container import DeltaFile, open_delta
 from .digest import new_hasher
@@ -115,6 +116,11 @@ def _verify_inputs(steps: list[decoder.Step], slots: dict[str, Slot], threads: i
     checked = [s for s in steps if s.src_digest is not None]
     digests = ordered_map(lambda s: slots[s.entry.name].digest(), checked, threads, 1)
     for step, digest in zip(checked, digests, strict=True):
+        if digest != step.src_digest and digest == step.dst_digest:
+            evidence = (
+                f"tensor {step.entry.name!r} has its {'base' if step.reverse else 'target'} bytes"
+            )
+            raise BaseMismatchError(decoder.at_output_side(step.reverse, evidence))
         if digest != step.src_digest:
             raise BaseMismatchError(
                 f"tensor {step.entry.name!r}: weights differ from the delta's input digest"
@@ -261,8 +267,8 @@ def apply_inplace(
     update to those tensors; ``weights`` then holds exactly the selected
     input tensors (a tensor-parallel rank's shard of the model).
     """
-    if threads < 1:
-        raise BadArgumentError("threads must be >= 1")
+    check_mapping(weights, "weights", mutable=True)
+    check_int(threads, "threads", 1)
     with open_delta(delta) as d:
         keep = selector(tensors)
         steps = [s for s in decoder.plan_steps(d.header, reverse) if keep(s.entry.name)]

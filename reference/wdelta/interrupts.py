@@ -17,6 +17,9 @@ from collections.abc import Iterator
 from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# deferred() nesting depth, and the signal it holds back (main thread only).
+_deferring = 0
+_pending: int | None = None
 
 
 class Interrupted(KeyboardInterrupt):
@@ -28,10 +31,37 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
+    global _pending
     # Later signals are ignored so that they cannot cut the cleanup short.
     for s in SIGNALS:
         signal.signal(s, signal.SIG_IGN)
+    if _deferring:
+        _pending = signum
+        return
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold back a signal's :class:`Interrupted` until the end of this block.
+
+    For a few statements that create a resource and record it for cleanup:
+    the exception must not fall between the two.  It is raised when the
+    block ends normally (an exception from the block wins).  A no-op outside
+    the main thread, where no handler runs.
+    """
+    global _deferring, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if not _deferring and _pending is not None:
+        signum, _pending = _pending, None
+        raise Interrupted(signum)
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import decoder
 from . import tensors as live
+from .arguments import check_int, check_mapping
 from .checkpoint.source import Words
 from .container import DeltaFile, open_delta
 from .dtypes import DType
@@ -130,6 +131,8 @@ def changed_tensors(
     digests checked, then yielded as a new array (torch on the base's device
     for a torch mapping): memory is one tensor plus a few chunks.
     """
+    check_mapping(base, "base")
+    check_int(threads, "threads", 1)
     keep = live.selector(tensors)
     device = live.torch_device(base)
     with open_delta(delta) as d, live.checkpoint_of(base) as ckpt:
@@ -160,6 +163,7 @@ def verify_weights(
     """
     if side not in ("base", "target"):
         raise BadArgumentError(f"side must be 'base' or 'target', not {side!r}")
+    check_mapping(weights, "weights")
     keep = live.selector(tensors)
     with open_delta(delta) as d:
         for entry in d.header.side_tensors(side):

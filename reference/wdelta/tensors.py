@@ -44,6 +44,10 @@ def selector(select: Select) -> Callable[[str], bool]:
     if isinstance(select, str):
         patterns = [p.strip() for p in select.split(",")]
         return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    if not callable(select):
+        raise BadArgumentError(
+            f"tensors must be a pattern, a predicate on names or None, not {type(select).__name__}"
+        )
     return select
 
 

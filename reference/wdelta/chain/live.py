@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import api
 from .. import tensors as live
+from ..arguments import as_path, check_mapping, check_optional_int, check_seconds
 from ..atomic import atomic_file
 from ..checkpoint.safetensors_header import build_header
 from ..checkpoint.source import open_checkpoint
@@ -39,7 +40,7 @@ from .manifest import Manifest, Version
 from .ops import AppendOptions, append_delta, init
 from .pull import pull
 from .storage.base import Progress
-from .store import Chain
+from .store import Chain, as_chain
 
 _WRITE_ELEMENTS = 1 << 22
 
@@ -49,6 +50,8 @@ def save_weights(weights: Mapping[str, Any], path: Path, *, overwrite: bool = Fa
 
     An existing ``path`` is refused (BadArgumentError) unless ``overwrite``.
     """
+    check_mapping(weights, "weights")
+    path = as_path(path, "path")
     slots = [live.slot(name, value) for name, value in weights.items()]
     layout = build_header([(s.name, s.dtype, s.shape) for s in slots], None)
     begins = {t.name: layout.data_start + t.begin for t in layout.tensors}
@@ -62,6 +65,7 @@ def save_weights(weights: Mapping[str, Any], path: Path, *, overwrite: bool = Fa
 
 def weights_digest(weights: Mapping[str, Any]) -> str:
     """The checkpoint digest (SPEC §9.4) of a mapping: what a file of it would have."""
+    check_mapping(weights, "weights")
     slots = [live.slot(name, value) for name, value in weights.items()]
     return checkpoint_digest(
         TensorIdentity(s.name, s.dtype.name, s.shape, s.digest()) for s in slots
@@ -89,7 +93,7 @@ class Publisher:
         self, chain: Chain, *, keep: Path | None = None, options: AppendOptions | None = None,
         previous: Mapping[str, Any] | Path | None = None,
     ) -> None:  # fmt: skip
-        self.chain, self.keep, self.options = chain, keep, options or AppendOptions()
+        self.chain, self.keep, self.options = as_chain(chain), keep, options or AppendOptions()
         self._previous: Mapping[str, Any] | Path | None = None
         if previous is not None:
             self._remember(previous if isinstance(previous, Mapping) else _load_all(previous))
@@ -150,10 +154,17 @@ def load(
 
     ``tensors`` selects by pattern (a partial pull: only those byte ranges);
     ``device`` None gives NumPy arrays, else torch tensors on that device.
+    Without a cache on ``chain`` the downloads go to a temporary one, removed
+    afterwards (``chain.cache`` stays None).
     """
+    chain = as_chain(chain)
+    cache = chain.cache
     with tempfile.TemporaryDirectory(prefix="wdelta-load-") as tmp:
         local = Path(tmp) / "model.safetensors"
-        result = pull(chain, local, to=to, tensors=tensors)
+        try:
+            result = pull(chain, local, to=to, tensors=tensors)
+        finally:
+            chain.cache = cache  # pull points a missing cache into ``tmp``
         return _load_all(local, tensors, device), result.version
 
 
@@ -203,6 +214,10 @@ def follow_weights(
     failures in a row)`` and retried after ``backoff[0] * 2**(failures-1)``
     seconds, at most ``backoff[1]``.  The chain needs a cache folder.
     """
+    chain = as_chain(chain)
+    check_mapping(weights, "weights", mutable=True)
+    interval = check_seconds(interval, "interval") or 0.0
+    check_optional_int(max_polls, "max_polls", 1)
     if chain.cache is None:
         raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
     current = _start(chain.head(), weights, at, tensors is not None)

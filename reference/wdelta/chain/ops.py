@@ -116,6 +116,9 @@ def append_delta(
     The delta's base must be a version of the chain; ``snapshot`` (the target
     as a checkpoint file or folder) is also stored whole when given.
     """
+    _check_version_fields(step, metadata)
+    chain, delta = as_chain(chain), as_path(delta, "delta")
+    snapshot = None if snapshot is None else as_path(snapshot, "snapshot")
     m = chain.head()
     with open_delta(delta) as d:
         src, dst = d.header.raw["base"]["digest"], d.header.raw["target"]["digest"]

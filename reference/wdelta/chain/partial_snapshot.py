@@ -23,7 +23,7 @@ from ..checkpoint.safetensors_header import MAX_HEADER_BYTES, build_header, pars
 from ..checkpoint.safetensors_header import TensorLayout as Layout
 from ..decoder import init_file
 from ..digest import TensorIdentity, checkpoint_digest, new_hasher
-from ..errors import ChecksumMismatchError, WdeltaError
+from ..errors import ChecksumMismatchError, DeltaFormatError
 from ..output_file import pwrite_all
 from .errors import ChainBrokenError
 from .fetch import check_link_header
@@ -38,18 +38,16 @@ def proven_tensors(
 ) -> dict[str, TensorIdentity] | None:
     """Version ``version``'s tensors from a link header whose list hashes to its digest.
 
-    Links touching the version are tried smallest first; None if none proves it.
-    A link whose header is damaged proves nothing: the next one is tried (the
-    whole-snapshot fallback is checked by its own digest; a pull that needs the
-    damaged link reports it).
+    Links touching the version are tried smallest first (a damaged one is
+    skipped); None if none proves it.
     """
     links = sorted((k for k in m.links if version in (k.source, k.target)), key=lambda k: k.size)
     for link in links:
         try:
             header, _ = read_remote_header(storage, link, progress)
             check_link_header(m, link, header)
-        except WdeltaError:
-            continue
+        except (DeltaFormatError, ChainBrokenError):
+            continue  # a damaged delta proves nothing; the pull that applies it reports it
         side = "target" if link.target == version else "base"
         ids = {}
         for t in header.side_tensors(side):

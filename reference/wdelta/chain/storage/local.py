@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from ... import interrupts
 from ...arguments import as_path
 from ...atomic import TMP_MARK, fsync_dir, remove_stale, temp_file
 from ...errors import StorageError, TruncatedError
@@ -67,16 +68,24 @@ class LocalStorage(Storage):
     @contextlib.contextmanager
     def _temp(self, key: str) -> Iterator[tuple[Path, Path]]:
         dest = self._path(key)
+        tmp = None
+        try:
+            with interrupts.deferred():  # see atomic.py: tmp is known before a signal raises
+                tmp = self._new_temp(dest)
+            yield tmp, dest
+        finally:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _new_temp(dest: Path) -> Path:
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = temp_file(dest.parent, dest.name)
             os.close(fd)
         except OSError as exc:
             raise StorageError(f"cannot write under {dest.parent}: {exc}") from exc
-        try:
-            yield tmp, dest
-        finally:
-            tmp.unlink(missing_ok=True)
+        return tmp
 
     def put_file(self, key: str, path: Path, progress: Progress | None = None) -> None:
         with self._temp(key) as (tmp, dest):

@@ -1,0 +1,155 @@
+"""Fuzz targets shared by tests/test_fuzz.py (Hypothesis) and fuzz/atheris_fuzz.py.
+
+Each target takes mutated bytes and checks the promise of SPEC.md §2.1 and
+§15: the right result or a :class:`wdelta.WdeltaError` of a documented
+category; never another exception, an output left after a refusal, or a
+modified input.  Seeds are small valid inputs built from the spec's own
+writers in kit.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import wdelta
+from kit import Delta, RawTensor, leftovers, safetensors_bytes, write_sharded
+from wdelta.chain.manifest import parse_manifest
+from wdelta.checkpoint.source import open_checkpoint
+from wdelta.container import pack_prefix
+from wdelta.errors import CATEGORIES
+
+# The chain's categories come on top of the format's (SPEC.md §17).
+DOCUMENTED = frozenset(CATEGORIES) | {"manifest-invalid", "chain-broken", "not-found", "conflict"}
+
+
+def _tensors(changed: bool) -> dict[str, RawTensor]:
+    rng = np.random.default_rng(5)
+    sparse = rng.integers(0, 2**32, 300, dtype=np.uint32)
+    dense = rng.integers(0, 256, 64, dtype=np.uint8)
+    out = {"same": RawTensor("F16", (3,), bytes(range(6))), "empty": RawTensor("F32", (0,), b"")}
+    if changed:
+        sparse[[3, 70, 200]] ^= 0x10001
+        dense ^= rng.integers(1, 256, 64, dtype=np.uint8)
+        out["new"] = RawTensor("BF16", (4,), bytes(8))
+    else:
+        out["gone"] = RawTensor("I32", (2,), bytes(range(8)))
+    out["sparse"] = RawTensor("F32", (300,), sparse.tobytes())
+    out["dense"] = RawTensor("U8", (64,), dense.tobytes())
+    return out
+
+
+class Seeds:
+    """Valid inputs in ``folder``: a base, a target, the delta and its parts."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.base = folder / "base.safetensors"
+        self.base.write_bytes(safetensors_bytes(_tensors(False), {"format": "pt"}))
+        target = folder / "target.safetensors"
+        target.write_bytes(safetensors_bytes(_tensors(True)))
+        wdelta.diff(self.base, target, folder / "d.wdelta", chunk_elements=128)
+        self.delta_bytes = (folder / "d.wdelta").read_bytes()
+        self.header = Delta.read(folder / "d.wdelta").header
+        self.safetensors = self.base.read_bytes()
+        shards = folder / "shards"
+        write_sharded(
+            shards, [{"a": RawTensor("U8", (2,), b"ab")}, {"b": RawTensor("U8", (1,), b"c")}]
+        )
+        self.shards = shards
+        self.index = (shards / "model.safetensors.index.json").read_bytes()
+        self.manifest = _manifest_bytes()
+
+
+def _manifest_bytes() -> bytes:
+    digest = "ab" * 32
+    version = {"number": 0, "digest": digest, "time": "2026-01-01T00:00:00Z"}
+    doc = {
+        "format": "wdelta-chain", "version": 1, "required_features": [], "revision": 1,
+        "parent": None, "created": "2026-01-01T00:00:00Z", "versions": [version],
+        "snapshots": [{"version": 0, "files": [{"name": "model.safetensors", "size": 8,
+                                                "digest": digest}]}],
+        "links": [],
+    }  # fmt: skip
+    return json.dumps(doc).encode()
+
+
+def with_header(delta: bytes, header: dict[str, Any] | bytes) -> bytes:
+    """``delta`` with its header replaced (fresh header digest, same data section)."""
+    n = struct.unpack_from("<Q", delta, 16)[0]
+    data = delta[64 + n :]
+    text = header if isinstance(header, bytes) else json.dumps(header, ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return pack_prefix(text, len(data)) + text + data
+
+
+def _refusal(exc: BaseException) -> None:
+    assert isinstance(exc, wdelta.WdeltaError), f"{type(exc).__name__}: {exc}"
+    assert exc.category in DOCUMENTED, exc.category
+
+
+def check_delta(seeds: Seeds, data: bytes, work: Path) -> None:
+    """inspect, verify and apply a mutated delta; apply's output is all or nothing."""
+    delta = work / "m.wdelta"
+    delta.write_bytes(data)
+    base_before = seeds.base.read_bytes()
+    out = work / "out.safetensors"
+    try:
+        with wdelta.open_delta(delta) as d:
+            wdelta.summarize(d)
+        wdelta.verify(delta)
+        wdelta.apply(seeds.base, delta, out, threads=1)
+    except Exception as exc:
+        _refusal(exc)
+        assert not out.exists()
+    else:
+        # apply checked every output tensor against the header's target digests.
+        assert out.is_file()
+        out.unlink()
+    assert delta.read_bytes() == data
+    assert seeds.base.read_bytes() == base_before
+    assert leftovers(work) == []
+    delta.unlink()
+
+
+def check_safetensors(data: bytes, work: Path) -> None:
+    path = work / "m.safetensors"
+    path.write_bytes(data)
+    try:
+        with open_checkpoint(path) as ckpt:
+            for t in ckpt.tensors.values():
+                t.read(0, min(t.elements, 16))
+    except Exception as exc:
+        _refusal(exc)
+    assert path.read_bytes() == data
+    path.unlink()
+
+
+def check_index(seeds: Seeds, data: bytes) -> None:
+    index = seeds.shards / "model.safetensors.index.json"
+    index.write_bytes(data)
+    try:
+        with open_checkpoint(seeds.shards):
+            pass
+    except Exception as exc:
+        _refusal(exc)
+    finally:
+        index.write_bytes(seeds.index)
+
+
+def check_manifest(data: bytes) -> None:
+    try:
+        parse_manifest(data)
+    except Exception as exc:
+        _refusal(exc)
+
+
+def work_folder(root: Path) -> Path:
+    folder = root / f"w{os.getpid()}"
+    folder.mkdir(exist_ok=True)
+    return folder
