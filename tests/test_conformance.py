@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
+import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -463,3 +464,26 @@ def test_storage_cases_need_the_store_template(manifest: Manifest, scratch: Path
     assert results["manifest/valid/minimal"].status == "pass"
     with pytest.raises(BadArgumentError, match=r"lacks \{store\}"):
         Templates({"manifest-store": "tool check {manifest}"})
+
+
+def test_verify_strict_writer_command(tmp_path: Path) -> None:
+    ckpt = VECTORS / "vectors" / "ckpt"
+    base, target = ckpt / "enc-finetune-base.safetensors", ckpt / "enc-finetune-target.safetensors"
+
+    def verify(delta: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "wdelta", "verify", str(delta), *extra]
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+    strict = ["--base", str(base), "--target", str(target), "--strict-writer"]
+    good, bad = tmp_path / "good.wdelta", tmp_path / "bad.wdelta"
+    good.write_bytes(SPEC_ENCODERS.encode("page-padding", base, target))
+    bad.write_bytes(SPEC_ENCODERS.encode("changed-off-by-one", base, target))
+    ok = verify(good, *strict)
+    assert ok.returncode == 0 and "meets the writer requirements W1-W6" in ok.stdout
+    assert verify(bad, "--base", str(base)).returncode == 0  # a reader cannot tell
+    refused = verify(bad, *strict)
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: header-invalid: writer requirement W4 §4.6")
+    wrong = verify(good, "--base", str(base), "--target", str(base), "--strict-writer")
+    assert wrong.returncode == 2 and "is not the target" in wrong.stderr
+    assert verify(good, "--strict-writer").returncode == 2

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from . import api, interrupts
@@ -124,10 +125,18 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 return sum(t.nbytes for t in d.header.tensors)
             return d.data_length
 
+    wanted = (args.strict_writer, args.base is not None, args.target is not None)
+    if (args.strict_writer or args.target is not None) and not all(wanted):
+        raise BadArgumentError("--strict-writer and --target go together, with --base")
     with _progress(args, total, "verify") as progress:
         api.verify(args.delta, args.base, threads=args.threads, progress=progress)
+    if args.strict_writer:
+        from .conformance.writer import check_writer
+
+        check_writer(Path(args.delta), Path(args.base), Path(args.target))
     if not args.quiet:
         line = f"ok: {args.delta}" + (f" applies to {args.base}" if args.base else "")
+        line += " and meets the writer requirements W1-W6" if args.strict_writer else ""
         print(printable(line))
     return 0
 
@@ -244,6 +253,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="check integrity (and that it applies to --base)")
     p.add_argument("delta")
     p.add_argument("--base", default=None)
+    p.add_argument("--target", default=None, help="the delta's target (with --strict-writer)")
+    p.add_argument("--strict-writer", action="store_true",
+                   help="also check the writer requirements W1-W6 of SPEC 11.1 (needs --base "
+                   "and --target)")  # fmt: skip
     _add_common(p)
     p.set_defaults(func=_cmd_verify)
     _add_conformance(sub, command == "conformance")

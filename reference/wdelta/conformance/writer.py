@@ -15,9 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from ..chain.local import digest_of_path
 from ..checkpoint.source import Checkpoint, open_checkpoint
 from ..container import PREFIX_SIZE, DeltaFile, open_delta
 from ..encodings import sparse
+from ..errors import BadArgumentError, EncodingInvalidError, HeaderInvalidError
 from ..header import Header, TensorEntry
 from ..layout import SideLayout
 
@@ -132,3 +134,21 @@ def writer_violations(delta: Path, base: Path, target: Path) -> list[str]:
             problems += layout_violations("base", d.header.base, b)
             problems += layout_violations("target", d.header.target, t)
     return problems
+
+
+def check_writer(delta: Path, base: Path, target: Path) -> None:
+    """Raise for the first writer requirement ``delta`` breaks (``wdelta verify --strict-writer``).
+
+    ``delta`` must already have been verified against ``base``.  W5 is a break
+    of the payload (``encoding-invalid``), the others of the header
+    (``header-invalid``); a ``target`` that is not the delta's is a bad argument.
+    """
+    with open_delta(delta) as d:
+        recorded = d.header.raw["target"]["digest"]
+    if digest_of_path(target) != recorded:
+        raise BadArgumentError(f"{target} is not the target of {delta} (checkpoint digest)")
+    problems = writer_violations(delta, base, target)
+    if problems:
+        error = EncodingInvalidError if problems[0].startswith("W5") else HeaderInvalidError
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise error(f"writer requirement {problems[0]}{more}")
