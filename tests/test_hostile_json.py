@@ -178,7 +178,9 @@ try:
     outcome = "read"
 except wdelta.WdeltaError as exc:
     outcome = exc.category
-print(outcome, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+# VmHWM, not ru_maxrss: the latter is inherited from the (large) parent over fork and exec.
+status = open("/proc/self/status").read().split("VmHWM:")[1]
+print(outcome, int(status.split()[0]) * 1024)
 """
 
 
