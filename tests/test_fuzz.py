@@ -26,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import wdelta
 from fuzz_targets import (
     Seeds,
     check_delta,
@@ -36,6 +37,7 @@ from fuzz_targets import (
     work_folder,
 )
 from kit import Delta
+from wdelta.chain.manifest import parse_manifest
 
 LONG = int(os.environ.get("WDELTA_FUZZ_EXAMPLES", "0"))
 fuzz = settings(max_examples=LONG) if LONG else settings()
@@ -155,6 +157,16 @@ def test_arbitrary_bytes(seeds: Seeds, raw: bytes) -> None:
     check_manifest(raw)
     check_safetensors(raw, work_folder(seeds.folder))
     check_delta(seeds, raw, work_folder(seeds.folder))
+
+
+@pytest.mark.parametrize("features", [[[]], [{}], [1, "x"]])
+def test_found_manifest_with_unhashable_required_features(seeds: Seeds, features: Any) -> None:
+    """Found by the long run: ``required_features: [[]]`` was a TypeError."""
+    doc = json.loads(seeds.manifest)
+    doc["required_features"] = features
+    with pytest.raises(wdelta.WdeltaError) as info:
+        parse_manifest(json.dumps(doc).encode())
+    assert info.value.category in {"manifest-invalid", "unsupported-feature"}
 
 
 def _limit_memory() -> None:

@@ -223,7 +223,8 @@ def _check_envelope(raw: dict[str, Any]) -> None:
         raise UnsupportedVersionError(f"manifest version {raw.get('version')!r}; reader knows 1")
     features = raw.get("required_features")
     if isinstance(features, list):
-        unknown = sorted(str(f) for f in features if f not in KNOWN_FEATURES)
+        # Non-strings (unhashable lists too) are left to the schema check.
+        unknown = sorted(f for f in features if isinstance(f, str) and f not in KNOWN_FEATURES)
         if unknown:
             raise UnsupportedFeatureError(f"unknown required features: {', '.join(unknown)}")
     error = schemas.violation("chain-manifest", raw)
