@@ -193,12 +193,8 @@ print(outcome, peak)
 def _peak_rss(delta: Path, n: int) -> tuple[str, int]:
     """Read ``delta`` in a subprocess capped at 10 x n + 4 GiB of address space (a guard)."""
     cap = 10 * n + (4 << 30)
-    # Linux carries a process's peak RSS across fork and exec: a probe started by this
-    # test process (a pytest worker that may have imported torch) would report the
-    # worker's RSS (701 MiB seen in the full suite).  A small Python starts it instead.
-    spawn = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
     result = subprocess.run(
-        [sys.executable, "-c", spawn, sys.executable, "-c", _RSS_PROBE, str(delta), str(cap)],
+        [sys.executable, "-c", _RSS_PROBE, str(delta), str(cap)],
         capture_output=True, text=True, env=ENV, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
