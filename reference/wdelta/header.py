@@ -9,6 +9,7 @@ SPEC.md section 4 (ops, chunk counts, blob contiguity, layouts, digests).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,10 +64,7 @@ class TensorEntry:
 
     @property
     def elements(self) -> int:
-        n = 1
-        for dim in self.shape:
-            n *= dim
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -13,6 +13,7 @@ written element-wise through their strides (NumPy ``flat``, torch
 from __future__ import annotations
 
 import fnmatch
+import math
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -86,10 +87,7 @@ class Slot:
 
     @property
     def elements(self) -> int:
-        n = 1
-        for dim in self.shape:
-            n *= dim
-        return n
+        return math.prod(self.shape)
 
     def read(self, start: int, count: int) -> Words:
         raise NotImplementedError

@@ -11,6 +11,7 @@ itself and reads data with positioned reads.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +36,7 @@ class TensorLayout:
     @property
     def elements(self) -> int:
         """Number of elements (1 for a 0-d tensor)."""
-        n = 1
-        for dim in self.shape:
-            n *= dim
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)

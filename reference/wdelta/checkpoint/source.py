@@ -8,6 +8,7 @@ buffers, so memory grows with the chunk being read, never with the file.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -58,10 +59,7 @@ class Tensor:
 
     @property
     def elements(self) -> int:
-        n = 1
-        for dim in self.shape:
-            n *= dim
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
