@@ -11,7 +11,7 @@ digests match are the files fsynced and renamed into place.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .checkpoint.safetensors_header import FileLayout
@@ -87,13 +87,17 @@ def check_input(header: Header, ckpt: Checkpoint, reverse: bool) -> None:
         raise BaseMismatchError(
             at_output_side(reverse, f"it has the {other}'s tensors, dtypes and shapes")
         )
+    raise BaseMismatchError(
+        f"input is not the delta's {side}: {structure_difference(expected, actual)}"
+    )
+
+
+def structure_difference(expected: Mapping[str, object], actual: Mapping[str, object]) -> str:
+    """Which names are missing, unexpected, or differ (first three of each), for messages."""
     missing = sorted(set(expected) - set(actual))
     extra = sorted(set(actual) - set(expected))
     differ = sorted(n for n in set(expected) & set(actual) if expected[n] != actual[n])
-    raise BaseMismatchError(
-        f"input is not the delta's {side}: missing {missing[:3]}, unexpected {extra[:3]}, "
-        f"dtype/shape differs for {differ[:3]}"
-    )
+    return f"missing {missing[:3]}, unexpected {extra[:3]}, dtype/shape differs for {differ[:3]}"
 
 
 _Task = ChunkTask[Step]

@@ -93,12 +93,8 @@ def _check_structure(slots: dict[str, Slot], steps: list[decoder.Step]) -> None:
     expected = {s.entry.name: (s.entry.dtype, s.entry.shape) for s in steps if s.src_digest}
     actual = {n: (s.dtype, s.shape) for n, s in slots.items()}
     if expected != actual:
-        missing = sorted(set(expected) - set(actual))
-        extra = sorted(set(actual) - set(expected))
-        differ = sorted(n for n in set(expected) & set(actual) if expected[n] != actual[n])
         raise BaseMismatchError(
-            f"weights are not the delta's input: missing {missing[:3]}, unexpected "
-            f"{extra[:3]}, dtype/shape differs for {differ[:3]}"
+            f"weights are not the delta's input: {decoder.structure_difference(expected, actual)}"
         )
     for step in steps:
         if _writes(step) and not slots[step.entry.name].writable:
