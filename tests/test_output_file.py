@@ -174,3 +174,32 @@ def test_output_file_flushes_in_background(tmp_path: Path, monkeypatch: pytest.M
     )
     assert (tmp_path / "f.bin").read_bytes() == expected
     assert len(fake.calls) >= 1
+
+
+def test_a_signal_while_the_flush_thread_starts_leaves_it_joinable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM delivered as the background flush starts: the command unwinds with
+    Interrupted and close() joins the flush (was: RuntimeError 'cannot join
+    thread before it is started', a traceback found by tests/test_kill.py)."""
+    import signal
+
+    from wdelta import interrupts
+
+    start = threading.Thread.start
+
+    def start_after_signal(self: threading.Thread) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start_after_signal)
+    fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        sync = output_file.BackgroundSync(fd, every=1)
+        with pytest.raises(interrupts.Interrupted), interrupts.as_exceptions():
+            sync.wrote(1)
+        monkeypatch.undo()
+        sync.close()
+        assert sync._thread is None
+    finally:
+        os.close(fd)

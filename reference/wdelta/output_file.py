@@ -30,6 +30,7 @@ import threading
 
 import numpy as np
 
+from . import interrupts
 from .errors import StorageError
 
 # Covers the logical block size of every common device (512 or 4096 bytes).
@@ -86,8 +87,13 @@ class BackgroundSync:
         if self._unsynced < self.every or (self._thread and self._thread.is_alive()):
             return
         self._unsynced = 0
-        self._thread = threading.Thread(target=self._sync, name="wdelta-sync", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._sync, name="wdelta-sync", daemon=True)
+        # A SIGTERM turned into an exception inside start() would leave a thread
+        # recorded but never started, which close() cannot join (found by the
+        # kill tests): the signal waits until the thread runs and is recorded.
+        with interrupts.deferred():
+            thread.start()
+            self._thread = thread
 
     def _sync(self) -> None:
         try:
