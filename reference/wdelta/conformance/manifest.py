@@ -31,7 +31,9 @@ ROLES = {
 # The manifest cases that need storage run with a template of their own.
 STORE_TEMPLATE = "manifest-store"
 TEMPLATE_ROLES = {**ROLES, STORE_TEMPLATE: ("manifest", "store")}
-CHAIN_CATEGORIES = ("manifest-invalid", "chain-broken", "not-found", "conflict")
+CHAIN_CATEGORIES = (
+    "manifest-invalid", "chain-broken", "not-found", "conflict", "signature-invalid", "frozen",
+)  # fmt: skip
 _HERE = Path(__file__).resolve().parent
 # An installed wheel carries the vectors inside the package; a source checkout
 # keeps them at the repository's top level.
