@@ -23,9 +23,11 @@ from typing import Protocol
 from .. import api
 from ..chain.manifest import read_manifest
 from ..chain.ops import check_files
+from ..chain.signed_cli import check_signatures
+from ..chain.storage import LocalStorage
 from ..chain.store import Chain
 from ..errors import BadArgumentError, WdeltaError
-from .manifest import STORE_TEMPLATE, TEMPLATE_ROLES
+from .manifest import STORE_TEMPLATE, TEMPLATE_ROLES, TRUST_TEMPLATE
 
 _CATEGORY = re.compile(r"^error:\s*([a-z][a-z0-9-]*)\s*(?::|$)")
 _TAIL = 2000
@@ -75,7 +77,8 @@ class Templates:
     """Command templates by profile, e.g. ``{"decoder": "tool apply {base} {delta} {out}"}``.
 
     Manifest cases with a chain root (``{store}``) use the ``manifest-store``
-    template; without one they are not tested.
+    template, and those with a trust root too (``{trust}``) the ``manifest-trust``
+    template; without it they are not tested.
     """
 
     templates: Mapping[str, str]
@@ -98,9 +101,14 @@ class Templates:
         """No template for the profile's cases that come with a chain root."""
         return profile == "manifest" and STORE_TEMPLATE not in self.templates
 
+    def lacks_trust(self, profile: str) -> bool:
+        """No template for the profile's cases that come with a trust root."""
+        return profile == "manifest" and TRUST_TEMPLATE not in self.templates
+
     def command(self, profile: str, paths: Mapping[str, Path]) -> list[str]:
         """The argument vector: the template split like a shell would, placeholders filled."""
-        args = shlex.split(self.templates[STORE_TEMPLATE if "store" in paths else profile])
+        which = TRUST_TEMPLATE if "trust" in paths else STORE_TEMPLATE if "store" in paths else None
+        args = shlex.split(self.templates[which or profile])
         for role, path in paths.items():
             args = [a.replace("{" + role + "}", str(path)) for a in args]
         return args
@@ -166,7 +174,9 @@ class Reference:
 
 
 def _check_manifest(paths: Mapping[str, Path]) -> None:
-    """``wdelta chain check MANIFEST [--store STORE]`` in-process."""
+    """``wdelta chain check MANIFEST [--store STORE [--trust ROOT]]`` in-process."""
+    if "trust" in paths:
+        check_signatures(paths["manifest"], LocalStorage(paths["store"]), paths["trust"])
     m = read_manifest(paths["manifest"])
     if "store" in paths:
         with tempfile.TemporaryDirectory(prefix="wdelta-conformance-cache-") as tmp:

@@ -28,9 +28,13 @@ ROLES = {
     "encoder": ("base", "target", "out"),
     "manifest": ("manifest",),
 }
-# The manifest cases that need storage run with a template of their own.
+# The manifest cases that need storage run with a template of their own, and
+# those that also give a trust root (signed chains, SPEC §17.11) with a third.
 STORE_TEMPLATE = "manifest-store"
-TEMPLATE_ROLES = {**ROLES, STORE_TEMPLATE: ("manifest", "store")}
+TRUST_TEMPLATE = "manifest-trust"
+TEMPLATE_ROLES = {
+    **ROLES, STORE_TEMPLATE: ("manifest", "store"), TRUST_TEMPLATE: ("manifest", "store", "trust"),
+}  # fmt: skip
 CHAIN_CATEGORIES = (
     "manifest-invalid", "chain-broken", "not-found", "conflict", "signature-invalid", "frozen",
 )  # fmt: skip

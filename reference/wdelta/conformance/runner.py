@@ -127,6 +127,10 @@ def run_all(
                 case.profile
             ):
                 return Result(case, NOT_TESTED, "the template has no {store}", "", "", 0.0)
+            if "trust" in case.inputs and getattr(impl, "lacks_trust", lambda p: False)(
+                case.profile
+            ):
+                return Result(case, NOT_TESTED, "the template has no {trust}", "", "", 0.0)
             if stop.is_set():
                 return Result(case, SKIPPED, "not run after an earlier failure (--fail-fast)",
                               "", "", 0.0)  # fmt: skip
