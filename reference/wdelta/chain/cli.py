@@ -173,6 +173,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     local = Path(args.local)
     options: dict[str, Any] = {"tensors": args.tensors, "threads": args.threads}
     options["cache_max_bytes"] = args.cache_max_bytes
+    options["state"] = args.state or True
+    options["accept_rollback"] = args.accept_rollback
     with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
         options["progress"] = progress
         if not args.follow:
@@ -358,6 +360,18 @@ def _register_readers(sub: Any) -> None:
         type=float,
         default=300.0,
         help="longest wait in seconds between retries of a failing --follow poll (300)",
+    )
+    p.add_argument(
+        "--state",
+        default=None,
+        metavar="FILE",
+        help="where the accepted head revision is kept, to refuse a rolled-back chain "
+        "(default: .LOCAL.wdelta-accepted.json beside LOCAL)",
+    )
+    p.add_argument(
+        "--accept-rollback",
+        action="store_true",
+        help="accept the current head even if lower than (or a rewrite of) the accepted one",
     )
     p.set_defaults(func=_cmd_pull)
     p = sub.add_parser("gc", help="remove cache entries the head no longer names, then LRU")
