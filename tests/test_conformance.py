@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -238,6 +239,32 @@ def test_cli_reports_and_untested_profiles(
     assert doc["profiles"]["reader"]["pass"] == 1 and doc["profiles"]["decoder"]["not-tested"] == 1
     suites = {s.get("name"): s for s in ET.parse(junit_path).getroot()}
     assert suites["decoder"].get("skipped") == "1" and suites["reader"].get("failures") == "0"
+
+
+def test_cli_reports_replace_atomically_and_never_the_suite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = tmp_path / "suite"
+    shutil.copytree(VECTORS / "vectors", suite / "vectors")
+    shutil.copy(VECTORS / "manifest.json", suite / "manifest.json")
+    before = (suite / "manifest.json").read_bytes()
+    reader = _broken("faithful", ["reader"]).templates["reader"]
+    argv = ["conformance", "run", "--vectors", str(suite), "--filter", "*/valid/host",
+            "--reader", reader]  # fmt: skip
+    some_vector = next(p for p in (suite / "vectors").rglob("*") if p.is_file())
+    for wrong in (suite / "manifest.json", some_vector, Path("-")):
+        assert cli.run([*argv, "--json-report", str(wrong)]) == 2
+        assert capsys.readouterr().err.startswith("error: bad-argument:")
+        assert cli.run([*argv, "--junit", str(wrong)]) == 2
+        assert capsys.readouterr().err.startswith("error: bad-argument:")
+    assert (suite / "manifest.json").read_bytes() == before
+    report = tmp_path / "r.json"
+    report.write_text("old report\n")
+    inode = report.stat().st_ino
+    assert cli.run([*argv, "--json-report", str(report)]) == 0
+    assert json.loads(report.read_text())["profiles"]["reader"]["pass"] == 1
+    assert report.stat().st_ino != inode  # renamed into place, not rewritten
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "suite"]
 
 
 def test_cli_list_and_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,6 +56,8 @@ class Tensor:
     _array: np.ndarray[Any, Any] | None = None
     # Live tensors (wdelta.tensors) read through their slot, chunk by chunk.
     _reader: Callable[[int, int], Words] | None = None
+    # The file a ``_fd`` tensor lives in, to name it when a read fails.
+    _path: Path | None = None
 
     @property
     def elements(self) -> int:
@@ -73,20 +75,33 @@ class Tensor:
             return np.array(self._array[start : start + count])
         out = np.empty(count, dtype=self.dtype.word)
         assert self._fd is not None
-        pread_into(self._fd, out.data.cast("B"), self._offset + start * self.dtype.size)
+        where = f"{self._path}: tensor {self.name!r}"
+        try:
+            pread_into(self._fd, out.data.cast("B"), self._offset + start * self.dtype.size, where)
+        except TruncatedError as exc:
+            # The header was checked against the file's size when it was opened,
+            # so a short read means someone shortened the file since.
+            raise CheckpointInvalidError(
+                f"{exc}: the file changed while it was being read; "
+                "rerun once whatever writes it has finished"
+            ) from exc
         return out
 
 
-def pread_into(fd: int, buf: memoryview, offset: int) -> None:
-    """Fill ``buf`` from ``fd`` at ``offset``; a short file is TruncatedError."""
+def pread_into(fd: int, buf: memoryview, offset: int, what: str = "file") -> None:
+    """Fill ``buf`` from ``fd`` at ``offset``; a short file is TruncatedError.
+
+    ``what`` names the file (and part) in both errors' messages.
+    """
     done = 0
     while done < len(buf):
         try:
             got = os.preadv(fd, [buf[done:]], offset + done)
         except OSError as exc:
-            raise StorageError(f"read failed: {exc}") from exc
+            raise StorageError(f"{what}: read failed: {exc}") from exc
         if got == 0:
-            raise TruncatedError(f"file ends at byte {offset + done}, {len(buf) - done} short")
+            short = len(buf) - done
+            raise TruncatedError(f"{what}: file ends at byte {offset + done}, {short} bytes short")
         done += got
 
 
@@ -161,7 +176,8 @@ def _add_file(ckpt: Checkpoint, path: Path, name: str) -> FileLayout:
     for t in layout.tensors:
         if t.name in ckpt.tensors:
             raise CheckpointInvalidError(f"tensor {t.name!r} appears in more than one shard")
-        ckpt.tensors[t.name] = Tensor(t.name, t.dtype, t.shape, fd, layout.data_start + t.begin)
+        start = layout.data_start + t.begin
+        ckpt.tensors[t.name] = Tensor(t.name, t.dtype, t.shape, fd, start, _path=path)
     return layout
 
 
