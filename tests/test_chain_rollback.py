@@ -346,3 +346,28 @@ def test_follow_weights_with_a_state_path(
     roll_back(store, 1)
     assert list(follower) == [] and len(errors) == 1
     assert "lower than revision 2" in errors[0]
+
+
+# ------------------------------------------------------------ chain check --after
+
+
+def test_cli_check_after_a_seen_revision(history: tuple[Path, list[Path]], tmp_path: Path) -> None:
+    store, _ = history
+    seen = tmp_path / "seen" / "rev-000000000002.json"
+    seen.parent.mkdir()
+    shutil.copyfile(store / revision_key(2), seen)
+    head = store / revision_key(4)
+    assert cli("check", "-q", head, "--after", seen).returncode == 0
+    lower = cli("check", store / revision_key(1), "--after", seen)
+    assert lower.returncode == 1 and lower.stderr.startswith(
+        "error: manifest-invalid: storage rolled back: head revision 1 is lower than revision 2"
+    )
+    rewrite(store, 2)  # revision 2 rewritten in storage: seen only with the store at hand
+    assert cli("check", "-q", head, "--after", seen).returncode == 0
+    forked = cli("check", head, "--after", seen, "--store", store)
+    assert forked.returncode == 1
+    assert forked.stderr.startswith("error: manifest-invalid: chain forked: revision 2 is now")
+    for bad in (tmp_path / "absent.json", tmp_path / "ck0.safetensors"):
+        refused = cli("check", head, "--after", bad)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+        assert refused.stderr.startswith(f"error: bad-argument: --after {bad}: not a manifest")

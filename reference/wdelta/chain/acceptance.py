@@ -31,10 +31,10 @@ from .. import schemas, strictjson
 from ..arguments import PathLike, as_path
 from ..atomic import atomic_file
 from ..digest import digest_bytes
-from ..errors import BadArgumentError, StorageError
+from ..errors import BadArgumentError, StorageError, WdeltaError
 from ..output_file import pwrite_all
 from .errors import ManifestInvalidError
-from .manifest import Manifest, utc_now
+from .manifest import Manifest, read_manifest, utc_now
 
 FORMAT = "wdelta-chain-accepted"
 # A state file is about 200 bytes; anything far larger is not one (checked
@@ -156,6 +156,34 @@ def check(
         )
 
 
+def accepted_file(path: PathLike) -> Accepted:
+    """What a reader that accepted the manifest revision file ``path`` remembers.
+
+    For ``wdelta chain check MANIFEST --after SEEN`` (the conformance suite's
+    ``{seen}``); a file that is not a valid revision is a bad argument.
+    """
+    path = as_path(path, "after")
+    try:
+        m = read_manifest(path)
+        data = path.read_bytes()
+    except (OSError, WdeltaError) as exc:
+        raise BadArgumentError(
+            f"--after {path}: not a manifest revision accepted before: {exc}"
+        ) from None
+    return Accepted(m.revision, digest_bytes(data), str(path))
+
+
+def check_after(path: PathLike, m: Manifest, seen: PathLike,
+                stored_digest: Callable[[int], str | None] = lambda r: None) -> None:  # fmt: skip
+    """RD-1 for the revision ``m`` read from file ``path``, given revision file ``seen``."""
+    path = as_path(path, "manifest")
+    try:
+        digest = digest_bytes(path.read_bytes())
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc}") from exc
+    check(accepted_file(seen), m.revision, digest, m.parent, stored_digest)
+
+
 class Head(Protocol):
     """What a tracker needs of a chain (``store.Chain``)."""
 
@@ -191,8 +219,7 @@ class Tracker:
         m, digest = chain.read_head()
         if not self.accept_rollback:
             remedy = "" if self.path is None else REMEDY.format(path=self.path)
-            check(self.accepted, m.revision, digest, m.parent,
-                  lambda r: _digest_or_none(chain.revision_bytes(r)), remedy)  # fmt: skip
+            check(self.accepted, m.revision, digest, m.parent, stored_digests(chain), remedy)
         return m, digest
 
     def accept(self, chain: Head, m: Manifest, digest: str) -> None:
@@ -206,5 +233,11 @@ class Tracker:
         self.accepted, self.accept_rollback = new, False
 
 
-def _digest_or_none(data: bytes | None) -> str | None:
-    return None if data is None else digest_bytes(data)
+def stored_digests(chain: Head | None) -> Callable[[int], str | None]:
+    """``check``'s ``stored_digest`` for ``chain``'s storage (None: no storage at hand)."""
+
+    def stored(revision: int) -> str | None:
+        data = None if chain is None else chain.revision_bytes(revision)
+        return None if data is None else digest_bytes(data)
+
+    return stored
