@@ -12,6 +12,7 @@ from wdelta import chain
 from wdelta.chain import signing, trust
 
 FAR = "2099-01-01T00:00:00Z"
+PAST = "2001-01-01T00:00:00Z"
 
 
 def key(name: str) -> signing.SigningKey:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from chainkit import S3Server
-from signkit import FAR, Signed, key, root_file, signed_chain
+from signkit import FAR, PAST, Signed, key, root_file, signed_chain
 from wdelta import chain
 from wdelta.chain.manifest import revision_key
 from wdelta.chain.storage.base import ObjectInfo, Progress, Storage
@@ -70,14 +70,22 @@ def _forge_revision(s: Signed, signer: str) -> bytes:
 
 def test_rollback(tmp_path: Path) -> None:
     s = signed_chain(tmp_path)
-    s.publish(sign_seconds=-60)  # revision 3, its signatures already expired
-    s.publish()  # revision 4, fresh
+    s.publish()  # revision 3
+    s.publish()  # revision 4
     node = s.node_chain()
     s.pull(node)
     assert s.node.read_bytes() == s.ckpts[3].read_bytes()
     (s.store / revision_key(4)).unlink()  # storage rolled back to revision 3
     refused("manifest-invalid", s, node)  # RD-1 within the process
-    refused("frozen", s)  # a node that remembers nothing: revision 3 has expired
+    refused("manifest-invalid", s)  # restarted: the accepted revision persists beside it
+    # A node that remembers nothing is sent back, but only until revision 3's signatures
+    # expire: here, the same signature as it reads once its expiry has passed.
+    r, data = head_bytes(s)
+    old = sign_revision(key("alice"), revision_payload("test/run", r, data, PAST))
+    (s.store / signature_key(digest_bytes(data), old.keyid)).write_bytes(old.to_bytes())
+    with pytest.raises(WdeltaError) as info:
+        chain.pull(s.node_chain(), tmp_path / "new" / "m.safetensors", state=False)
+    assert info.value.category == "frozen"
 
 
 def test_indefinite_freeze(tmp_path: Path) -> None:

@@ -128,12 +128,14 @@ REFERENCE_CLI = Templates({
     "manifest-store": f"{PYTHON} -m wdelta chain check -q {{manifest}} --store {{store}}",
     "manifest-trust": f"{PYTHON} -m wdelta chain check -q {{manifest}} --store {{store}} "
                       "--trust {trust}",
+    "manifest-seen": f"{PYTHON} -m wdelta chain check -q {{manifest}} --after {{seen}}",
 })  # fmt: skip
 SAMPLE = ["*/valid/host", "*/valid/layout/sharded", "*/invalid/bitmap-trailing-bit",
           "decoder/base-mismatch/missing-tensor", "reverse/not-reversible/full-chunks",
           "encoder/sharded", "encoder/invalid/target-dtype-f4", "manifest/valid/typical",
           "manifest/invalid/unreachable", "manifest/store/delta-missing",
-          "manifest/signed/revoked-key"]  # fmt: skip
+          "manifest/signed/revoked-key", "manifest/seen/valid-next",
+          "manifest/seen/fork"]  # fmt: skip
 
 
 def test_reference_cli_passes_through_templates(manifest: Manifest, scratch: Path) -> None:
@@ -473,6 +475,13 @@ BROKEN_READER_CASES = {
         "wrong-chain", "threshold-not-met", "revoked-key", "root-not-signed-by-previous",
         "expired", "root-expired")],
         ["manifest/signed/valid", "manifest/signed/rotated-key", "manifest/signed/threshold-met"]),
+    "ignore-after": (["manifest/seen/lower", "manifest/seen/lower-by-three",
+                      "manifest/seen/rewritten", "manifest/seen/fork"],
+                     ["manifest/seen/valid-same", "manifest/seen/valid-next",
+                      "manifest/seen/valid-later"]),
+    "revision-only": (["manifest/seen/rewritten", "manifest/seen/rewritten-whitespace",
+                       "manifest/seen/fork"],
+                      ["manifest/seen/lower", "manifest/seen/valid-later"]),
 }  # fmt: skip
 
 
@@ -480,6 +489,7 @@ def _reader(mode: str) -> Templates:
     tool = f"{PYTHON} {shlex.quote(str(READERS))} {mode}"
     return Templates({"manifest": f"{tool} {{manifest}}",
                       "manifest-store": f"{tool} {{manifest}} --store {{store}}",
+                      "manifest-seen": f"{tool} {{manifest}} --after {{seen}}",
                       "manifest-trust": f"{tool} {{manifest}} --store {{store}} "
                                         "--trust {trust}"})  # fmt: skip
 
@@ -513,6 +523,20 @@ def test_signature_cases_need_the_trust_template(manifest: Manifest, scratch: Pa
     assert results["manifest/store/valid"].status == "pass"
     with pytest.raises(BadArgumentError, match=r"lacks \{trust\}"):
         Templates({"manifest-trust": "tool check {manifest} --store {store}"})
+def test_seen_cases_need_the_seen_template(manifest: Manifest, scratch: Path) -> None:
+    """RD-1 needs a reader's memory: its cases run only with a {seen} template, and a
+    reader that has none is reported as not tested, never failed."""
+    faithful = _reader("faithful").templates
+    only = Templates({"manifest": faithful["manifest"]})
+    results = _run(manifest, ["manifest/seen/*"], only, scratch)
+    assert {r.status for r in results.values()} == {"not-tested"}
+    assert {r.message for r in results.values()} == {"the template has no {seen}"}
+    both = Templates({"manifest": faithful["manifest"], "manifest-seen": faithful["manifest-seen"]})
+    results = _run(manifest, ["manifest/seen/*", "manifest/store/valid"], both, scratch)
+    assert results.pop("manifest/store/valid").status == "not-tested"
+    assert {r.status for r in results.values()} == {"pass"} and len(results) == 8
+    with pytest.raises(BadArgumentError, match=r"lacks \{seen\}"):
+        Templates({"manifest-seen": "tool check {manifest}"})
 
 
 def test_verify_strict_writer_command(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import blake3
 
 from ..arguments import PathLike, as_path
+from ..digest import digest_bytes
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError
 from .errors import ConflictError, ManifestInvalidError, NotFoundError
 from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
@@ -87,15 +88,34 @@ class Chain:
 
     def manifest(self, revision: int) -> Manifest:
         """Revision ``revision``, its signatures checked first if there is a trust policy."""
-        data = self.storage.read(revision_key(revision))
+        return self._checked(revision, self.storage.read(revision_key(revision)))
+
+    def _checked(self, revision: int, data: bytes) -> Manifest:
+        """Parse revision ``revision``'s bytes, after SG-1..SG-5 if there is a trust policy
+        (a writer skips freshness: it publishes the fresh revision)."""
         if self.trust is not None:
             self.head_signers = self.trust.check_revision(
                 self.storage, revision, data, fresh=not self.signers
             )
         return parse_manifest(data, expected_revision=revision)
 
+    @property
+    def url(self) -> str:
+        return self.storage.url
+
+    def revision_bytes(self, revision: int) -> bytes | None:
+        """The bytes of manifest revision ``revision``; None if storage no longer holds it."""
+        try:
+            return self.storage.read(revision_key(revision))
+        except NotFoundError:
+            return None
+
     def head(self) -> Manifest:
         """The highest manifest revision; NotFoundError if the chain has none."""
+        return self.read_head()[0]
+
+    def read_head(self) -> tuple[Manifest, str]:
+        """The highest manifest revision and the BLAKE3 (hex) of its bytes."""
         revisions = self.revisions()
         if not revisions:
             local = isinstance(self.storage, LocalStorage) and self.storage.root.is_file()
@@ -103,12 +123,13 @@ class Chain:
             raise NotFoundError(f"{self.storage.url}: no chain here ({why})")
         if revisions[-1] < self.seen_revision:
             raise ManifestInvalidError(
-                f"head revision {revisions[-1]} is older than revision {self.seen_revision} "
-                "seen before (rolled back storage?)"
+                f"storage rolled back: head revision {revisions[-1]} is lower than revision "
+                f"{self.seen_revision} read before"
             )
-        m = self.manifest(revisions[-1])
+        data = self.storage.read(revision_key(revisions[-1]))
+        m = self._checked(revisions[-1], data)
         self.seen_revision = m.revision
-        return m
+        return m, digest_bytes(data)
 
     def create_first(self, m: Manifest) -> Manifest:
         if self.revisions():

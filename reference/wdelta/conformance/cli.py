@@ -34,6 +34,7 @@ TEMPLATE_OPTIONS = (
         "--manifest-trust",
         "'tool check {manifest} --store {store} --trust {trust}'",
     ),
+    ("manifest-seen", "--manifest-seen", "'tool check {manifest} --after {seen}'"),
 )
 
 
