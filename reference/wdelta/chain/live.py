@@ -42,6 +42,7 @@ from .ops import AppendOptions, append_delta, init
 from .pull import pull
 from .storage.base import Progress
 from .store import Chain, as_chain
+from .trust import Trust, as_trust
 
 _WRITE_ELEMENTS = 1 << 22
 
@@ -150,6 +151,7 @@ def _load_all(path: Path, select: Select = None, device: Any = None) -> dict[str
 
 def load(
     chain: Chain, *, to: str | int = "head", tensors: str | None = None, device: Any = None,
+    trust: Trust | PathLike | None = None,
     state: PathLike | None = None, accept_rollback: bool = False,
 ) -> tuple[dict[str, Any], Version]:  # fmt: skip
     """Weights of version ``to`` in memory, and that version (a node's start).
@@ -165,7 +167,7 @@ def load(
     with tempfile.TemporaryDirectory(prefix="wdelta-load-") as tmp:
         local = Path(tmp) / "model.safetensors"
         try:
-            result = pull(chain, local, to=to, tensors=tensors,
+            result = pull(chain, local, to=to, tensors=tensors, trust=trust,
                           state=Tracker(state, accept_rollback))  # fmt: skip
         finally:
             chain.cache = cache  # pull points a missing cache into ``tmp``
@@ -209,6 +211,7 @@ def follow_weights(
     tensors: Select = None, interval: float = 10.0, max_polls: int | None = None,
     backoff: tuple[float, float] = (1.0, 60.0),
     on_error: Callable[[WdeltaError, int], None] | None = None, threads: int = 2,
+    trust: Trust | PathLike | None = None,
     state: PathLike | None = None, accept_rollback: bool = False,
 ) -> Iterator[Version]:  # fmt: skip
     """Keep ``weights`` at the chain's head; yields every version once applied.
@@ -220,6 +223,7 @@ def follow_weights(
     weights at the last yielded version, is passed to ``on_error(error,
     failures in a row)`` and retried after ``backoff[0] * 2**(failures-1)``
     seconds, at most ``backoff[1]``.  The chain needs a cache folder.
+    ``trust``: a trust policy, as for ``pull`` (refused revisions are failed steps).
 
     ``state``: a file keeping the accepted head revision across restarts
     (RD-1, as ``pull``'s); None keeps it in memory only.  A head lower than
@@ -228,6 +232,8 @@ def follow_weights(
     first head whatever it is.
     """
     chain = as_chain(chain)
+    if trust is not None:
+        chain.trust = as_trust(trust)
     check_mapping(weights, "weights", mutable=True)
     interval = check_seconds(interval, "interval") or 0.0
     check_optional_int(max_polls, "max_polls", 1)
