@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import api
 from .. import tensors as live
-from ..arguments import as_path, check_mapping, check_optional_int, check_seconds
+from ..arguments import PathLike, as_path, check_mapping, check_optional_int, check_seconds
 from ..atomic import atomic_file
 from ..checkpoint.safetensors_header import build_header
 from ..checkpoint.source import Words, open_checkpoint
@@ -42,6 +42,7 @@ from ..output_file import pwrite_all
 from ..pipeline import ordered_map
 from ..tensors import Select, Slot
 from . import graph
+from .acceptance import Tracker
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import fetch_link
 from .manifest import Link, Manifest, Version
@@ -50,6 +51,7 @@ from .pull import pull
 from .remote_delta import RemoteDelta
 from .storage.base import Progress
 from .store import Chain, as_chain
+from .trust import Trust, as_trust
 
 _WRITE_ELEMENTS = 1 << 22
 
@@ -185,20 +187,24 @@ def _load_all(path: Path, select: Select = None, device: Any = None) -> dict[str
 
 def load(
     chain: Chain, *, to: str | int = "head", tensors: str | None = None, device: Any = None,
+    trust: Trust | PathLike | None = None,
+    state: PathLike | None = None, accept_rollback: bool = False,
 ) -> tuple[dict[str, Any], Version]:  # fmt: skip
     """Weights of version ``to`` in memory, and that version (a node's start).
 
     ``tensors`` selects by pattern (a partial pull: only those byte ranges);
     ``device`` None gives NumPy arrays, else torch tensors on that device.
     Without a cache on ``chain`` the downloads go to a temporary one, removed
-    afterwards (``chain.cache`` stays None).
+    afterwards (``chain.cache`` stays None).  ``state``: the acceptance state
+    file (RD-1, as ``pull``'s); None keeps none.
     """
     chain = as_chain(chain)
     cache = chain.cache
     with tempfile.TemporaryDirectory(prefix="wdelta-load-") as tmp:
         local = Path(tmp) / "model.safetensors"
         try:
-            result = pull(chain, local, to=to, tensors=tensors)
+            result = pull(chain, local, to=to, tensors=tensors, trust=trust,
+                          state=Tracker(state, accept_rollback))  # fmt: skip
         finally:
             chain.cache = cache  # pull points a missing cache into ``tmp``
         return _load_all(local, tensors, device), result.version
@@ -221,11 +227,12 @@ def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partia
 
 
 def _advance(
-    chain: Chain, weights: MutableMapping[str, Any], current: int, tensors: Select,
-    threads: int,
+    chain: Chain, tracker: Tracker, weights: MutableMapping[str, Any], current: int,
+    tensors: Select, threads: int,
 ) -> Iterator[Version]:  # fmt: skip
-    """Apply the links from ``current`` to the head, yielding each version reached."""
-    m = chain.head()
+    """Apply the links from ``current`` to the head, yielding each version reached;
+    the head revision is accepted once the weights reached its head."""
+    m, digest = tracker.head(chain)
     plan = None
     if any(v.number == current for v in m.versions):
         plan = graph.cheapest_path(
@@ -234,11 +241,12 @@ def _advance(
         )  # fmt: skip
     if plan is None:
         yield _jump(chain, m, weights, current, tensors, threads)
-        return
-    for hop in plan[1]:
-        assert hop.link is not None
-        _apply_link(chain, m, hop.link, weights, hop.reverse, tensors, threads)
-        yield m.version(hop.version)
+    else:
+        for hop in plan[1]:
+            assert hop.link is not None
+            _apply_link(chain, m, hop.link, weights, hop.reverse, tensors, threads)
+            yield m.version(hop.version)
+    tracker.accept(chain, m, digest)
 
 
 def _jump(
@@ -282,6 +290,8 @@ def follow_weights(
     tensors: Select = None, interval: float = 10.0, max_polls: int | None = None,
     backoff: tuple[float, float] = (1.0, 60.0),
     on_error: Callable[[WdeltaError, int], None] | None = None, threads: int = 2,
+    trust: Trust | PathLike | None = None,
+    state: PathLike | None = None, accept_rollback: bool = False,
 ) -> Iterator[Version]:  # fmt: skip
     """Keep ``weights`` at the chain's head; yields every version once applied.
 
@@ -299,19 +309,29 @@ def follow_weights(
     version, is passed to ``on_error(error, failures in a row)`` and
     retried after ``backoff[0] * 2**(failures-1)`` seconds, at most
     ``backoff[1]``.  The chain needs a cache folder.
+    ``trust``: a trust policy, as for ``pull`` (refused revisions are failed steps).
+
+    ``state``: a file keeping the accepted head revision across restarts
+    (RD-1, as ``pull``'s); None keeps it in memory only.  A head lower than
+    the accepted one, or a rewritten one, fails the poll (manifest-invalid,
+    reported and retried like any failure); ``accept_rollback`` accepts the
+    first head whatever it is.
     """
     chain = as_chain(chain)
+    if trust is not None:
+        chain.trust = as_trust(trust)
     check_mapping(weights, "weights", mutable=True)
     interval = check_seconds(interval, "interval") or 0.0
     check_optional_int(max_polls, "max_polls", 1)
     if chain.cache is None:
         raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
-    current = _start(chain.head(), weights, at, tensors is not None)
+    tracker = Tracker(state, accept_rollback)
+    current = _start(tracker.head(chain)[0], weights, at, tensors is not None)
     failures, polls = 0, 0
     while max_polls is None or polls < max_polls:
         polls += 1
         try:
-            for version in _advance(chain, weights, current, tensors, threads):
+            for version in _advance(chain, tracker, weights, current, tensors, threads):
                 current, failures = version.number, 0
                 yield version
         except WdeltaError as exc:
