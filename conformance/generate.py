@@ -60,7 +60,8 @@ PROFILES = {
     "not bounded",
     "manifest": "reads a chain manifest revision ({manifest}, named by its key): accepts every "
     "valid one, refuses every one breaking CH-1..CH-9 with the required category; with the "
-    "chain's files ({store}), refuses missing (RD-3) and disagreeing (RD-2) files",
+    "chain's files ({store}), refuses missing (RD-3) and disagreeing (RD-2) files; after a "
+    "revision it accepted ({seen}), refuses a lower, rewritten or forked revision (RD-1)",
 }
 
 
@@ -83,6 +84,7 @@ def build_suite() -> Suite:
     encoder.add_encoder_cases(suite)
     chains.add_rule_cases(suite)
     chains.add_store_cases(suite)
+    chains.add_seen_cases(suite)
     return suite
 
 

@@ -1,10 +1,12 @@
 """Deliberately broken manifest readers around ``wdelta chain check``, for the conformance tests.
 
-    python tests/broken_manifest_reader.py MODE MANIFEST [--store STORE]
+    python tests/broken_manifest_reader.py MODE MANIFEST [--store STORE] [--after SEEN]
 
 ``faithful`` is the reference; ``plain-json`` parses with ``json.loads``
 (duplicate keys, NaN, lone surrogates and deep nesting pass); ``no-reachability``
-skips CH-9; ``skip-missing`` skips listed files missing from storage (RD-3).
+skips CH-9; ``skip-missing`` skips listed files missing from storage (RD-3);
+``ignore-after`` drops ``--after`` (no memory of an accepted revision, RD-1);
+``revision-only`` compares revision numbers with the accepted one, never digests.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import wdelta.chain.acceptance
 import wdelta.chain.graph
 import wdelta.chain.manifest
 import wdelta.chain.ops
@@ -44,6 +47,11 @@ def skip_missing(chain: Any, m: Any) -> None:
                 continue
 
 
+def revision_only(accepted: Any, revision: int, *rest: Any) -> None:
+    if accepted is not None and revision < accepted.revision:
+        raise ManifestInvalidError(f"revision {revision} is lower than {accepted.revision}")
+
+
 def main(mode: str, args: list[str]) -> int:
     if mode == "plain-json":
         wdelta.chain.manifest._load_json = plain_json  # type: ignore[assignment]
@@ -51,6 +59,11 @@ def main(mode: str, args: list[str]) -> int:
         wdelta.chain.graph.unreachable = lambda m: []  # type: ignore[assignment]
     if mode == "skip-missing":
         wdelta.chain.ops.check_files = skip_missing
+    if mode == "ignore-after" and "--after" in args:
+        at = args.index("--after")
+        args = args[:at] + args[at + 2 :]
+    if mode == "revision-only":
+        wdelta.chain.acceptance.check = revision_only
     return cli.run(["chain", "check", "-q", *args])
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,11 +126,13 @@ REFERENCE_CLI = Templates({
     "encoder": f"{PYTHON} -m wdelta diff -q {{base}} {{target}} -o {{out}}",
     "manifest": f"{PYTHON} -m wdelta chain check -q {{manifest}}",
     "manifest-store": f"{PYTHON} -m wdelta chain check -q {{manifest}} --store {{store}}",
+    "manifest-seen": f"{PYTHON} -m wdelta chain check -q {{manifest}} --after {{seen}}",
 })  # fmt: skip
 SAMPLE = ["*/valid/host", "*/valid/layout/sharded", "*/invalid/bitmap-trailing-bit",
           "decoder/base-mismatch/missing-tensor", "reverse/not-reversible/full-chunks",
           "encoder/sharded", "encoder/invalid/target-dtype-f4", "manifest/valid/typical",
-          "manifest/invalid/unreachable", "manifest/store/delta-missing"]  # fmt: skip
+          "manifest/invalid/unreachable", "manifest/store/delta-missing",
+          "manifest/seen/valid-next", "manifest/seen/fork"]  # fmt: skip
 
 
 def test_reference_cli_passes_through_templates(manifest: Manifest, scratch: Path) -> None:
@@ -251,6 +254,32 @@ def test_cli_reports_and_untested_profiles(
     assert doc["profiles"]["reader"]["pass"] == 1 and doc["profiles"]["decoder"]["not-tested"] == 1
     suites = {s.get("name"): s for s in ET.parse(junit_path).getroot()}
     assert suites["decoder"].get("skipped") == "1" and suites["reader"].get("failures") == "0"
+
+
+def test_cli_reports_replace_atomically_and_never_the_suite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = tmp_path / "suite"
+    shutil.copytree(VECTORS / "vectors", suite / "vectors")
+    shutil.copy(VECTORS / "manifest.json", suite / "manifest.json")
+    before = (suite / "manifest.json").read_bytes()
+    reader = _broken("faithful", ["reader"]).templates["reader"]
+    argv = ["conformance", "run", "--vectors", str(suite), "--filter", "*/valid/host",
+            "--reader", reader]  # fmt: skip
+    some_vector = next(p for p in (suite / "vectors").rglob("*") if p.is_file())
+    for wrong in (suite / "manifest.json", some_vector, Path("-")):
+        assert cli.run([*argv, "--json-report", str(wrong)]) == 2
+        assert capsys.readouterr().err.startswith("error: bad-argument:")
+        assert cli.run([*argv, "--junit", str(wrong)]) == 2
+        assert capsys.readouterr().err.startswith("error: bad-argument:")
+    assert (suite / "manifest.json").read_bytes() == before
+    report = tmp_path / "r.json"
+    report.write_text("old report\n")
+    inode = report.stat().st_ino
+    assert cli.run([*argv, "--json-report", str(report)]) == 0
+    assert json.loads(report.read_text())["profiles"]["reader"]["pass"] == 1
+    assert report.stat().st_ino != inode  # renamed into place, not rewritten
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "suite"]
 
 
 def test_cli_list_and_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -456,13 +485,21 @@ BROKEN_READER_CASES = {
                         ["manifest/valid/large", "manifest/invalid/link-dangling"]),
     "skip-missing": (["manifest/store/delta-missing", "manifest/store/snapshot-missing"],
                      ["manifest/store/valid", "manifest/store/delta-corrupted"]),
+    "ignore-after": (["manifest/seen/lower", "manifest/seen/lower-by-three",
+                      "manifest/seen/rewritten", "manifest/seen/fork"],
+                     ["manifest/seen/valid-same", "manifest/seen/valid-next",
+                      "manifest/seen/valid-later"]),
+    "revision-only": (["manifest/seen/rewritten", "manifest/seen/rewritten-whitespace",
+                       "manifest/seen/fork"],
+                      ["manifest/seen/lower", "manifest/seen/valid-later"]),
 }  # fmt: skip
 
 
 def _reader(mode: str) -> Templates:
     tool = f"{PYTHON} {shlex.quote(str(READERS))} {mode}"
     return Templates({"manifest": f"{tool} {{manifest}}",
-                      "manifest-store": f"{tool} {{manifest}} --store {{store}}"})  # fmt: skip
+                      "manifest-store": f"{tool} {{manifest}} --store {{store}}",
+                      "manifest-seen": f"{tool} {{manifest}} --after {{seen}}"})  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", sorted(BROKEN_READER_CASES))
@@ -482,6 +519,22 @@ def test_storage_cases_need_the_store_template(manifest: Manifest, scratch: Path
     assert results["manifest/valid/minimal"].status == "pass"
     with pytest.raises(BadArgumentError, match=r"lacks \{store\}"):
         Templates({"manifest-store": "tool check {manifest}"})
+
+
+def test_seen_cases_need_the_seen_template(manifest: Manifest, scratch: Path) -> None:
+    """RD-1 needs a reader's memory: its cases run only with a {seen} template, and a
+    reader that has none is reported as not tested, never failed."""
+    faithful = _reader("faithful").templates
+    only = Templates({"manifest": faithful["manifest"]})
+    results = _run(manifest, ["manifest/seen/*"], only, scratch)
+    assert {r.status for r in results.values()} == {"not-tested"}
+    assert {r.message for r in results.values()} == {"the template has no {seen}"}
+    both = Templates({"manifest": faithful["manifest"], "manifest-seen": faithful["manifest-seen"]})
+    results = _run(manifest, ["manifest/seen/*", "manifest/store/valid"], both, scratch)
+    assert results.pop("manifest/store/valid").status == "not-tested"
+    assert {r.status for r in results.values()} == {"pass"} and len(results) == 8
+    with pytest.raises(BadArgumentError, match=r"lacks \{seen\}"):
+        Templates({"manifest-seen": "tool check {manifest}"})
 
 
 def test_verify_strict_writer_command(tmp_path: Path) -> None:

@@ -324,3 +324,55 @@ def add_store_cases(suite: Suite) -> None:
         suite.inputs[f"vectors/{root}"] = {"path": f"vectors/{root}", "files": listing}
         suite.add(f"manifest/{name}", "manifest", what, "§17.6", STORE_RULE,
                   {"manifest": path, "store": f"vectors/{root}"}, expect)  # fmt: skip
+
+
+SEEN_RULE = ("SPEC §17.6: RD-1 a reader that accepted revision r (bytes of BLAKE3 d) refuses a "
+             "lower revision, revision r with other bytes, and revision r + 1 whose parent is "
+             "not d")  # fmt: skip
+
+
+def _successor(doc: Doc, parent: bytes, revision: int) -> Doc:
+    """Revision ``revision`` after ``doc``: one more version and link; ``parent`` the bytes
+    of revision ``revision - 1``."""
+    new = copy.deepcopy(doc)
+    last = new["versions"][-1]["number"]
+    new["versions"].append(_version(last + 1, "seen", 100 * (last + 1)))
+    new["links"].append(_link(last, last + 1))
+    new.update(revision=revision,
+               parent={"revision": revision - 1, "digest": blake3.blake3(parent).hexdigest()})
+    return new  # fmt: skip
+
+
+def add_seen_cases(suite: Suite) -> None:
+    """RD-1: ``{manifest}`` read by a reader that accepted ``{seen}`` before."""
+    r3 = _text(typical())
+    other = typical()
+    other["generator"] = "another writer"
+    r3_rewritten = _text(other)
+    r3_compact = (json.dumps(typical(), separators=(",", ":")) + "\n").encode()
+    r4 = _text(_successor(typical(), r3, 4))
+    r4_fork = _text(_successor(typical(), r3_rewritten, 4))
+    r6 = _text(_successor(typical(), b"revision 5", 6))
+    cases = {
+        "valid-same": ("the revision accepted, read again", r3, r3, accepted()),
+        "valid-next": ("revision 4 whose parent is the accepted revision 3", r3, r4, accepted()),
+        "valid-later": ("revision 6 after revision 3 (4 and 5 not at hand)", r3, r6,
+                        accepted()),
+        "lower": ("(a) revision 3 after revision 4: storage rolled back", r4, r3,
+                  invalid("manifest-invalid")),
+        "lower-by-three": ("(a) revision 3 after revision 6", r6, r3,
+                           invalid("manifest-invalid")),
+        "rewritten": ("(b) revision 3 with another generator than the accepted revision 3",
+                      r3, r3_rewritten, invalid("manifest-invalid")),
+        "rewritten-whitespace": ("(b) revision 3 with the accepted content, written without "
+                                 "indentation: other bytes", r3, r3_compact,
+                                 invalid("manifest-invalid")),
+        "fork": ("(c) revision 4 whose parent digest is not the accepted revision 3's", r3,
+                 r4_fork, invalid("manifest-invalid")),
+    }  # fmt: skip
+    for name, (what, seen, data, expect) in cases.items():
+        seen_rev, rev = json.loads(seen)["revision"], json.loads(data)["revision"]
+        path = suite.blob(f"chain/seen-{name}/{_key(rev)}", data)
+        seen_path = suite.blob(f"chain/seen-{name}/seen/{_key(seen_rev)}", seen)
+        suite.add(f"manifest/seen/{name}", "manifest", what, "§17.6", SEEN_RULE,
+                  {"manifest": path, "seen": seen_path}, expect)  # fmt: skip

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -20,7 +21,7 @@ from . import api, interrupts
 from ._version import CHAIN_MANIFEST_VERSION, CONFORMANCE_SUITE_VERSION, __version__
 from .checkpoint.source import open_checkpoint
 from .container import open_delta
-from .errors import BadArgumentError, StorageError, WdeltaError
+from .errors import BadArgumentError, InternalError, StorageError, WdeltaError
 from .header import FORMAT_VERSION
 from .inspect import DeltaSummary, summarize
 from .malloc_tuning import keep_chunk_buffers
@@ -296,6 +297,21 @@ def run(argv: Sequence[str] | None = None) -> int:
         signum = exc.signum if isinstance(exc, interrupts.Interrupted) else signal.SIGINT
         print(f"error: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
         return 128 + signum
+    except MemoryError as exc:
+        why = f" ({exc})" if str(exc) else ""
+        return _fail(StorageError(f"out of memory{why}: free memory or run with --threads 1"))
+    except Exception as exc:  # a bug still gets the one-line contract of SPEC 12.2
+        return _fail(_unexpected(exc))
+
+
+def _unexpected(exc: Exception) -> InternalError:
+    """The one-line report of an exception wdelta did not anticipate."""
+    if os.environ.get("WDELTA_TRACEBACK"):
+        traceback.print_exc()
+    return InternalError(
+        f"unexpected {type(exc).__name__}: {exc} (a bug in wdelta {__version__}: please report "
+        "it with the command; WDELTA_TRACEBACK=1 prints where it happened)"
+    )
 
 
 def _fail(exc: WdeltaError) -> int:

@@ -94,11 +94,10 @@ class DeltaFile:
     def read_blob(self, chunk: Chunk) -> bytes:
         """The stored bytes of a chunk's blob, checksum verified."""
         buf = bytearray(chunk.length)
-        pread_into(self._fd, memoryview(buf), self.data_start + chunk.offset)
+        where = f"{self.path}: blob at data offset {chunk.offset}"
+        pread_into(self._fd, memoryview(buf), self.data_start + chunk.offset, where)
         if digest_bytes(buf) != chunk.checksum:
-            raise ChecksumMismatchError(
-                f"{self.path}: blob at data offset {chunk.offset}: checksum mismatch"
-            )
+            raise ChecksumMismatchError(f"{where}: checksum mismatch")
         return bytes(buf)
 
     def payload(self, chunk: Chunk) -> bytes:
@@ -117,7 +116,7 @@ def _read_header(fd: int, path: Path) -> tuple[Header, int, int]:
         raise (TruncatedError if size == 0 else BadMagicError)(mistake)
     n, digest, d = parse_prefix(prefix, size)
     header_bytes = bytearray(n)
-    pread_into(fd, memoryview(header_bytes), PREFIX_SIZE)
+    pread_into(fd, memoryview(header_bytes), PREFIX_SIZE, f"{path}: header")
     if blake3.blake3(header_bytes).digest() != digest:
         raise ChecksumMismatchError("header digest mismatch: the header is corrupt")
     return parse_header(bytes(header_bytes), d), n, d

@@ -112,6 +112,14 @@ class StorageError(WdeltaError):
     category = "io-error"
 
 
+class InternalError(WdeltaError):
+    """The implementation failed in a way it did not anticipate: a bug in wdelta."""
+
+    category = "internal-error"
+
+
+# The categories an input can earn, so the ones a conformance case may expect;
+# internal-error (a bug of the implementation) is deliberately not among them.
 CATEGORIES: tuple[str, ...] = (
     "bad-magic",
     "unsupported-version",

@@ -21,7 +21,7 @@ from typing import Any
 from ..atomic import temp_dir
 from ..errors import BadArgumentError, WdeltaError
 from ..terminal import printable
-from . import ops
+from . import acceptance, ops
 from .backoff import Backoff
 from .cachegc import gc_chain
 from .checkstore import check_storage
@@ -145,11 +145,16 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    """One manifest revision file (CH-1..CH-9); with --store, the files it lists (RD-2, RD-3)."""
+    """One manifest revision file (CH-1..CH-9); with --after, against a revision accepted
+    before (RD-1); with --store, the files it lists (RD-2, RD-3)."""
     m = read_manifest(args.manifest)
-    if args.store is not None:
-        with tempfile.TemporaryDirectory(prefix="wdelta-check-") as tmp:
-            ops.check_files(Chain(open_storage(args.store), Path(tmp)), m)
+    with tempfile.TemporaryDirectory(prefix="wdelta-check-") as tmp:
+        c = None if args.store is None else Chain(open_storage(args.store), Path(tmp))
+        if args.after is not None:
+            acceptance.check_after(args.manifest, m, args.after,
+                                   acceptance.stored_digests(c))  # fmt: skip
+        if c is not None:
+            ops.check_files(c, m)
     files = ", files verified" if args.store else ""
     _say(args, f"ok: revision {m.revision}, {len(m.versions)} versions, {len(m.links)} links, "
                f"{len(m.snapshots)} snapshots{files}")  # fmt: skip
@@ -173,6 +178,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     local = Path(args.local)
     options: dict[str, Any] = {"tensors": args.tensors, "threads": args.threads}
     options["cache_max_bytes"] = args.cache_max_bytes
+    options["state"] = args.state or True
+    options["accept_rollback"] = args.accept_rollback
     with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
         options["progress"] = progress
         if not args.follow:
@@ -331,6 +338,12 @@ def _register_readers(sub: Any) -> None:
     p = sub.add_parser("check", help="check one manifest revision file (and --store's files)")
     p.add_argument("manifest", help="a manifest file named rev-RRRRRRRRRRRR.json")
     p.add_argument("--store", default=None, help="the chain's root: verify every listed file")
+    p.add_argument(
+        "--after",
+        default=None,
+        metavar="SEEN",
+        help="a revision file accepted before: refuse a rollback or fork from it (RD-1)",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no output on success")
     p.set_defaults(func=_cmd_check)
     p = sub.add_parser("pull", help="bring a local checkpoint to the head or --to VERSION")
@@ -358,6 +371,18 @@ def _register_readers(sub: Any) -> None:
         type=float,
         default=300.0,
         help="longest wait in seconds between retries of a failing --follow poll (300)",
+    )
+    p.add_argument(
+        "--state",
+        default=None,
+        metavar="FILE",
+        help="where the accepted head revision is kept, to refuse a rolled-back chain "
+        "(default: .LOCAL.wdelta-accepted.json beside LOCAL)",
+    )
+    p.add_argument(
+        "--accept-rollback",
+        action="store_true",
+        help="accept the current head even if lower than (or a rewrite of) the accepted one",
     )
     p.set_defaults(func=_cmd_pull)
     p = sub.add_parser("gc", help="remove cache entries the head no longer names, then LRU")

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import api
 from .. import tensors as live
-from ..arguments import as_path, check_mapping, check_optional_int, check_seconds
+from ..arguments import PathLike, as_path, check_mapping, check_optional_int, check_seconds
 from ..atomic import atomic_file
 from ..checkpoint.safetensors_header import build_header
 from ..checkpoint.source import open_checkpoint
@@ -34,6 +34,7 @@ from ..inplace import apply_inplace
 from ..output_file import pwrite_all
 from ..tensors import Select
 from . import graph
+from .acceptance import Tracker
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import fetch_link
 from .manifest import Manifest, Version
@@ -149,20 +150,23 @@ def _load_all(path: Path, select: Select = None, device: Any = None) -> dict[str
 
 def load(
     chain: Chain, *, to: str | int = "head", tensors: str | None = None, device: Any = None,
+    state: PathLike | None = None, accept_rollback: bool = False,
 ) -> tuple[dict[str, Any], Version]:  # fmt: skip
     """Weights of version ``to`` in memory, and that version (a node's start).
 
     ``tensors`` selects by pattern (a partial pull: only those byte ranges);
     ``device`` None gives NumPy arrays, else torch tensors on that device.
     Without a cache on ``chain`` the downloads go to a temporary one, removed
-    afterwards (``chain.cache`` stays None).
+    afterwards (``chain.cache`` stays None).  ``state``: the acceptance state
+    file (RD-1, as ``pull``'s); None keeps none.
     """
     chain = as_chain(chain)
     cache = chain.cache
     with tempfile.TemporaryDirectory(prefix="wdelta-load-") as tmp:
         local = Path(tmp) / "model.safetensors"
         try:
-            result = pull(chain, local, to=to, tensors=tensors)
+            result = pull(chain, local, to=to, tensors=tensors,
+                          state=Tracker(state, accept_rollback))  # fmt: skip
         finally:
             chain.cache = cache  # pull points a missing cache into ``tmp``
         return _load_all(local, tensors, device), result.version
@@ -181,11 +185,12 @@ def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partia
 
 
 def _advance(
-    chain: Chain, weights: MutableMapping[str, Any], current: Version, tensors: Select,
-    threads: int,
+    chain: Chain, tracker: Tracker, weights: MutableMapping[str, Any], current: Version,
+    tensors: Select, threads: int,
 ) -> Iterator[Version]:  # fmt: skip
-    """Apply the links from ``current`` to the head, yielding each version reached."""
-    m = chain.head()
+    """Apply the links from ``current`` to the head, yielding each version reached;
+    the head revision is accepted once the weights reached its head."""
+    m, digest = tracker.head(chain)
     plan = graph.cheapest_path(
         m, [current.number], m.head.number, chain.is_cached, allow=lambda h: h.link is not None
     )
@@ -196,6 +201,7 @@ def _advance(
         delta = fetch_link(chain, m, hop.link)
         apply_inplace(weights, delta, hop.reverse, threads=threads, tensors=tensors)
         yield m.version(hop.version)
+    tracker.accept(chain, m, digest)
 
 
 def follow_weights(
@@ -203,6 +209,7 @@ def follow_weights(
     tensors: Select = None, interval: float = 10.0, max_polls: int | None = None,
     backoff: tuple[float, float] = (1.0, 60.0),
     on_error: Callable[[WdeltaError, int], None] | None = None, threads: int = 2,
+    state: PathLike | None = None, accept_rollback: bool = False,
 ) -> Iterator[Version]:  # fmt: skip
     """Keep ``weights`` at the chain's head; yields every version once applied.
 
@@ -213,6 +220,12 @@ def follow_weights(
     weights at the last yielded version, is passed to ``on_error(error,
     failures in a row)`` and retried after ``backoff[0] * 2**(failures-1)``
     seconds, at most ``backoff[1]``.  The chain needs a cache folder.
+
+    ``state``: a file keeping the accepted head revision across restarts
+    (RD-1, as ``pull``'s); None keeps it in memory only.  A head lower than
+    the accepted one, or a rewritten one, fails the poll (manifest-invalid,
+    reported and retried like any failure); ``accept_rollback`` accepts the
+    first head whatever it is.
     """
     chain = as_chain(chain)
     check_mapping(weights, "weights", mutable=True)
@@ -220,12 +233,13 @@ def follow_weights(
     check_optional_int(max_polls, "max_polls", 1)
     if chain.cache is None:
         raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
-    current = _start(chain.head(), weights, at, tensors is not None)
+    tracker = Tracker(state, accept_rollback)
+    current = _start(tracker.head(chain)[0], weights, at, tensors is not None)
     failures, polls = 0, 0
     while max_polls is None or polls < max_polls:
         polls += 1
         try:
-            for version in _advance(chain, weights, current, tensors, threads):
+            for version in _advance(chain, tracker, weights, current, tensors, threads):
                 current, failures = version, 0
                 yield version
         except WdeltaError as exc:

@@ -9,6 +9,11 @@ version digest and created by rename, so after a crash the pull resumes from
 the last finished hop and the cache holds every file already verified.
 Only the final result replaces the checkpoint, in one rename.
 
+Rollback protection (RD-1): the head revision a pull succeeded from is
+recorded (revision and BLAKE3, ``acceptance``) in a state file beside the
+checkpoint, so that a later pull, also after a restart, refuses storage
+rolled back below it or a rewritten revision.
+
 ``follow`` pulls forever: a failed poll is reported and retried after an
 exponential, capped, jittered delay (``backoff.Backoff``) while the local
 checkpoint keeps serving its version; a file that failed verification is
@@ -28,7 +33,7 @@ from ..arguments import PathLike, as_path, check_optional_int, check_seconds
 from ..atomic import temp_name
 from ..destination import check_kind, overlaps
 from ..errors import BadArgumentError, DeltaFormatError, WdeltaError
-from . import cachegc, graph, partial
+from . import acceptance, cachegc, graph, partial
 from .backoff import Backoff
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import check_link_header, fetch_link, materialize_snapshot
@@ -207,6 +212,7 @@ def pull(
     chain: Chain | PathLike, local: PathLike, *, to: str | int = "head", tensors: str | None = None,
     progress: Progress | None = None, threads: int = 2, assume: str | None = None,
     avoid: set[str] | None = None, cache_max_bytes: int | None = None,
+    state: PathLike | bool | acceptance.Tracker = True, accept_rollback: bool = False,
 ) -> PullResult:  # fmt: skip
     """Bring ``local`` to version ``to``; ``tensors`` selects a partial pull.
 
@@ -219,6 +225,12 @@ def pull(
     another path exists; the pull adds to it every file that fails
     verification (``follow`` keeps one across its polls).  ``cache_max_bytes``:
     after the pull, the cache is garbage-collected (cachegc.gc) down to that size.
+
+    ``state``: where the accepted head revision is kept (RD-1): True (default)
+    ``.NAME.wdelta-accepted.json`` beside ``local``, a path, False for none,
+    or a ``acceptance.Tracker`` shared by several pulls.  A head lower than
+    the accepted revision, or a rewritten one, is refused (manifest-invalid)
+    unless ``accept_rollback`` (once: the new head is recorded instead).
     """
     chain, local = as_chain(chain), as_path(local, "local")
     if tensors is not None and not isinstance(tensors, str):
@@ -227,8 +239,9 @@ def pull(
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
     check_local(chain, local)
+    tracker = _tracker(state, local, accept_rollback)
     for attempt in range(_REPLANS):
-        m = chain.head()
+        m, digest = tracker.head(chain)
         p = _Puller(
             chain, m, local, tensors, progress, threads, avoid if avoid is not None else set()
         )
@@ -238,10 +251,21 @@ def pull(
             if attempt == _REPLANS - 1 or chain.revisions()[-1] == m.revision:
                 raise
             continue
+        tracker.accept(chain, m, digest)
         if cache_max_bytes is not None:
             cachegc.gc(chain.cache, m, cache_max_bytes)
         return result
     raise AssertionError("unreachable")
+
+
+def _tracker(state: object, local: Path, accept_rollback: object) -> acceptance.Tracker:
+    if isinstance(state, acceptance.Tracker):
+        return state
+    if state is True:
+        return acceptance.Tracker(acceptance.state_beside(local), accept_rollback)
+    if state is False:
+        return acceptance.Tracker(None, accept_rollback)
+    return acceptance.Tracker(as_path(state, "state"), accept_rollback)
 
 
 def follow(
@@ -263,6 +287,10 @@ def follow(
     interval = check_seconds(interval, "interval") or 0.0
     timeout = check_seconds(timeout, "timeout")
     check_optional_int(max_iterations, "max_iterations", 1)
+    # One tracker for every poll: a deliberate rollback is accepted once, and
+    # what was accepted is known between polls even without a state file.
+    options["state"] = _tracker(options.get("state", True), local,
+                                options.pop("accept_rollback", False))  # fmt: skip
     state = _Follow(backoff or Backoff(), None if timeout is None else time.monotonic() + timeout)
     polls = 0
     while max_iterations is None or polls < max_iterations:

@@ -25,6 +25,7 @@ from pathlib import Path
 import blake3
 
 from ..arguments import PathLike, as_path
+from ..digest import digest_bytes
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError
 from .errors import ConflictError, ManifestInvalidError, NotFoundError
 from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
@@ -70,8 +71,23 @@ class Chain:
     def manifest(self, revision: int) -> Manifest:
         return parse_manifest(self.storage.read(revision_key(revision)), expected_revision=revision)
 
+    @property
+    def url(self) -> str:
+        return self.storage.url
+
+    def revision_bytes(self, revision: int) -> bytes | None:
+        """The bytes of manifest revision ``revision``; None if storage no longer holds it."""
+        try:
+            return self.storage.read(revision_key(revision))
+        except NotFoundError:
+            return None
+
     def head(self) -> Manifest:
         """The highest manifest revision; NotFoundError if the chain has none."""
+        return self.read_head()[0]
+
+    def read_head(self) -> tuple[Manifest, str]:
+        """The highest manifest revision and the BLAKE3 (hex) of its bytes."""
         revisions = self.revisions()
         if not revisions:
             local = isinstance(self.storage, LocalStorage) and self.storage.root.is_file()
@@ -79,12 +95,13 @@ class Chain:
             raise NotFoundError(f"{self.storage.url}: no chain here ({why})")
         if revisions[-1] < self.seen_revision:
             raise ManifestInvalidError(
-                f"head revision {revisions[-1]} is older than revision {self.seen_revision} "
-                "seen before (rolled back storage?)"
+                f"storage rolled back: head revision {revisions[-1]} is lower than revision "
+                f"{self.seen_revision} read before"
             )
-        m = self.manifest(revisions[-1])
+        data = self.storage.read(revision_key(revisions[-1]))
+        m = parse_manifest(data, expected_revision=revisions[-1])
         self.seen_revision = m.revision
-        return m
+        return m, digest_bytes(data)
 
     def create_first(self, m: Manifest) -> Manifest:
         if self.revisions() or not self.storage.create(revision_key(1), m.to_bytes()):

@@ -56,6 +56,8 @@ class Tensor:
     _array: np.ndarray[Any, Any] | None = None
     # Live tensors (wdelta.tensors) read through their slot, chunk by chunk.
     _reader: Callable[[int, int], Words] | None = None
+    # The file a ``_fd`` tensor lives in, to name it when a read fails.
+    _path: Path | None = None
 
     @property
     def elements(self) -> int:
@@ -65,28 +67,66 @@ class Tensor:
     def nbytes(self) -> int:
         return self.elements * self.dtype.size
 
-    def read(self, start: int, count: int) -> Words:
-        """Words ``[start, start + count)`` as a new little-endian unsigned array."""
+    def read(self, start: int, count: int, scratch: Scratch | None = None) -> Words:
+        """Words ``[start, start + count)`` as a new little-endian unsigned array.
+
+        With ``scratch`` (a reusable buffer, see :class:`Scratch`) a file is
+        read into it instead, and the words stay valid only until its next use.
+        """
         if self._reader is not None:
             return self._reader(start, count)
         if self._array is not None:
             return np.array(self._array[start : start + count])
-        out = np.empty(count, dtype=self.dtype.word)
+        nbytes = count * self.dtype.size
+        buf = np.empty(nbytes, np.uint8) if scratch is None else scratch.take(nbytes)
         assert self._fd is not None
-        pread_into(self._fd, out.data.cast("B"), self._offset + start * self.dtype.size)
+        where = f"{self._path}: tensor {self.name!r}"
+        try:
+            pread_into(self._fd, buf.data, self._offset + start * self.dtype.size, where)
+        except TruncatedError as exc:
+            # The header was checked against the file's size when it was opened,
+            # so a short read means someone shortened the file since.
+            raise CheckpointInvalidError(
+                f"{exc}: the file changed while it was being read; "
+                "rerun once whatever writes it has finished"
+            ) from exc
+        out: Words = buf.view(self.dtype.word)
         return out
 
 
-def pread_into(fd: int, buf: memoryview, offset: int) -> None:
-    """Fill ``buf`` from ``fd`` at ``offset``; a short file is TruncatedError."""
+class Scratch:
+    """A read buffer reused from chunk to chunk by one thread.
+
+    Reading every chunk into a fresh array makes the kernel map and zero its
+    pages again each time (large blocks come from mmap): measured on diff of
+    the real fp8 trace (133 tensors, 27.5 MB a side), 8,800 page faults and
+    11 ms of system time per diff.  The buffer grows to the largest chunk.
+    """
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, np.uint8)
+
+    def take(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The first ``nbytes`` of the buffer (its earlier contents are gone)."""
+        if len(self._buf) < nbytes:
+            self._buf = np.empty(nbytes, np.uint8)
+        return self._buf[:nbytes]
+
+
+def pread_into(fd: int, buf: memoryview, offset: int, what: str = "file") -> None:
+    """Fill ``buf`` from ``fd`` at ``offset``; a short file is TruncatedError.
+
+    ``what`` names the file (and part) in both errors' messages.
+    """
     done = 0
     while done < len(buf):
         try:
             got = os.preadv(fd, [buf[done:]], offset + done)
         except OSError as exc:
-            raise StorageError(f"read failed: {exc}") from exc
+            raise StorageError(f"{what}: read failed: {exc}") from exc
         if got == 0:
-            raise TruncatedError(f"file ends at byte {offset + done}, {len(buf) - done} short")
+            short = len(buf) - done
+            raise TruncatedError(f"{what}: file ends at byte {offset + done}, {short} bytes short")
         done += got
 
 
@@ -161,7 +201,8 @@ def _add_file(ckpt: Checkpoint, path: Path, name: str) -> FileLayout:
     for t in layout.tensors:
         if t.name in ckpt.tensors:
             raise CheckpointInvalidError(f"tensor {t.name!r} appears in more than one shard")
-        ckpt.tensors[t.name] = Tensor(t.name, t.dtype, t.shape, fd, layout.data_start + t.begin)
+        start = layout.data_start + t.begin
+        ckpt.tensors[t.name] = Tensor(t.name, t.dtype, t.shape, fd, start, _path=path)
     return layout
 
 

@@ -29,6 +29,7 @@ TEMPLATE_OPTIONS = (
     ("encoder", "--encoder", "'tool diff {base} {target} {out}'"),
     ("manifest", "--manifest", "'tool check {manifest}'"),
     ("manifest-store", "--manifest-store", "'tool check {manifest} --store {store}'"),
+    ("manifest-seen", "--manifest-seen", "'tool check {manifest} --after {seen}'"),
 )
 
 
@@ -114,16 +115,19 @@ def run_command(args: argparse.Namespace) -> int:
         for c in cases:
             print(f"{c.id}\t{c.profile}\t{c.section}\t{c.expected}")
         return 0
+    for destination in (args.json_report, args.junit):
+        if destination is not None:
+            report.check_destination(destination, manifest.root)
     impl, described = _implementation(args)
     opts = Options(args.timeout, args.jobs, args.strict, args.fail_fast, args.work_dir,
                    max_size_ratio=args.max_size_ratio)  # fmt: skip
     results = run_all(manifest, cases, impl, opts, _printer(args.verbose))
     sys.stdout.write(report.text(results, impl.name, manifest))
     if args.json_report is not None:
-        report.write_json(args.json_report, report.to_json(results, manifest, described, opts,
-                                                           args.filter))  # fmt: skip
+        data = report.json_bytes(report.to_json(results, manifest, described, opts, args.filter))
+        report.write_report(args.json_report, data, manifest.root)
     if args.junit is not None:
-        report.junit(results).write(args.junit, encoding="utf-8", xml_declaration=True)
+        report.write_report(args.junit, report.junit_bytes(results), manifest.root)
     return 0 if report.passed(results) else 1
 
 

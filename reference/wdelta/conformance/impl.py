@@ -15,17 +15,18 @@ import shlex
 import signal
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from .. import api
+from ..chain.acceptance import check_after, stored_digests
 from ..chain.manifest import read_manifest
 from ..chain.ops import check_files
 from ..chain.store import Chain
 from ..errors import BadArgumentError, WdeltaError
-from .manifest import STORE_TEMPLATE, TEMPLATE_ROLES
+from .manifest import EXTRA_TEMPLATES, TEMPLATE_ROLES, template_of
 
 _CATEGORY = re.compile(r"^error:\s*([a-z][a-z0-9-]*)\s*(?::|$)")
 _TAIL = 2000
@@ -75,7 +76,8 @@ class Templates:
     """Command templates by profile, e.g. ``{"decoder": "tool apply {base} {delta} {out}"}``.
 
     Manifest cases with a chain root (``{store}``) use the ``manifest-store``
-    template; without one they are not tested.
+    template, those with a revision accepted before (``{seen}``) the
+    ``manifest-seen`` template; without it they are not tested.
     """
 
     templates: Mapping[str, str]
@@ -94,13 +96,17 @@ class Templates:
     def supports(self, profile: str) -> bool:
         return profile in self.templates
 
-    def lacks_store(self, profile: str) -> bool:
-        """No template for the profile's cases that come with a chain root."""
-        return profile == "manifest" and STORE_TEMPLATE not in self.templates
+    def lacks(self, profile: str, roles: Collection[str]) -> str | None:
+        """The placeholder (``{store}``, ``{seen}``) a case with input ``roles`` needs
+        and no given template holds; None if the case can run."""
+        name = template_of(profile, roles)
+        if name == profile or name in self.templates:
+            return None
+        return next("{" + r + "}" for r, t in EXTRA_TEMPLATES.items() if t == name)
 
     def command(self, profile: str, paths: Mapping[str, Path]) -> list[str]:
         """The argument vector: the template split like a shell would, placeholders filled."""
-        args = shlex.split(self.templates[STORE_TEMPLATE if "store" in paths else profile])
+        args = shlex.split(self.templates[template_of(profile, paths)])
         for role, path in paths.items():
             args = [a.replace("{" + role + "}", str(path)) for a in args]
         return args
@@ -166,8 +172,11 @@ class Reference:
 
 
 def _check_manifest(paths: Mapping[str, Path]) -> None:
-    """``wdelta chain check MANIFEST [--store STORE]`` in-process."""
+    """``wdelta chain check MANIFEST [--store STORE] [--after SEEN]`` in-process."""
     m = read_manifest(paths["manifest"])
-    if "store" in paths:
-        with tempfile.TemporaryDirectory(prefix="wdelta-conformance-cache-") as tmp:
-            check_files(Chain(paths["store"], Path(tmp)), m)
+    with tempfile.TemporaryDirectory(prefix="wdelta-conformance-cache-") as tmp:
+        chain = Chain(paths["store"], Path(tmp)) if "store" in paths else None
+        if "seen" in paths:
+            check_after(paths["manifest"], m, paths["seen"], stored_digests(chain))
+        if chain is not None:
+            check_files(chain, m)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from ..errors import BadArgumentError
 
 PROFILES = ("reader", "decoder", "reverse", "encoder", "manifest")
 # Placeholders every template of a profile must hold; manifest cases that need
-# storage add ``{store}`` (a chain root), tested only when the template has it.
+# storage add ``{store}`` (a chain root), those that need a revision accepted
+# before add ``{seen}`` (RD-1); each is tested only with a template holding it.
 ROLES = {
     "reader": ("delta",),
     "decoder": ("base", "delta", "out"),
@@ -28,9 +30,20 @@ ROLES = {
     "encoder": ("base", "target", "out"),
     "manifest": ("manifest",),
 }
-# The manifest cases that need storage run with a template of their own.
+# The manifest cases that need storage, or a revision seen before, run with a
+# template of their own: the extra role -> that template's name.
 STORE_TEMPLATE = "manifest-store"
-TEMPLATE_ROLES = {**ROLES, STORE_TEMPLATE: ("manifest", "store")}
+SEEN_TEMPLATE = "manifest-seen"
+EXTRA_TEMPLATES = {"store": STORE_TEMPLATE, "seen": SEEN_TEMPLATE}
+TEMPLATE_ROLES = {**ROLES, STORE_TEMPLATE: ("manifest", "store"),
+                  SEEN_TEMPLATE: ("manifest", "seen")}  # fmt: skip
+
+
+def template_of(profile: str, roles: Collection[str]) -> str:
+    """The template a case with input ``roles`` runs with: its profile's, or an extra one."""
+    return next((t for r, t in EXTRA_TEMPLATES.items() if r in roles), profile)
+
+
 CHAIN_CATEGORIES = ("manifest-invalid", "chain-broken", "not-found", "conflict")
 _HERE = Path(__file__).resolve().parent
 # An installed wheel carries the vectors inside the package; a source checkout

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_file
+from ..destination import check_output
+from ..output_file import pwrite_all
 from .judge import FAIL, NOT_TESTED, PASS, SKIPPED, SOFT
 from .manifest import PROFILES, Manifest
 from .runner import Options, Result
@@ -102,8 +106,31 @@ def to_json(results: Sequence[Result], manifest: Manifest, impl: dict[str, Any],
     }  # fmt: skip
 
 
-def write_json(path: Path, report: dict[str, Any]) -> None:
-    path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+def check_destination(path: Path, vectors: Path) -> None:
+    """Refuse a report path that is the suite's manifest or lies among its vector
+    files (``vectors`` is the folder holding manifest.json), ``-`` or a device:
+    bad-argument.  An existing report may be replaced (CI reruns write it again).
+    """
+    check_output(path, [vectors / "manifest.json", vectors / "vectors"], overwrite=True)
+
+
+def write_report(path: Path, data: bytes, vectors: Path) -> None:
+    """Write a report file atomically (temporary, fsync, rename); see check_destination."""
+    check_destination(path, vectors)
+    with atomic_file(path, overwrite=True) as fd:
+        pwrite_all(fd, data, 0)
+
+
+def json_bytes(report: dict[str, Any]) -> bytes:
+    """The JSON report as written: 1-space indented UTF-8 with a final newline."""
+    return (json.dumps(report, indent=1, ensure_ascii=False) + "\n").encode()
+
+
+def junit_bytes(results: Sequence[Result]) -> bytes:
+    """The JUnit XML report as written, with its XML declaration."""
+    out = io.BytesIO()
+    junit(results).write(out, encoding="utf-8", xml_declaration=True)
+    return out.getvalue()
 
 
 def junit(results: Sequence[Result]) -> ET.ElementTree:

@@ -123,10 +123,9 @@ def run_all(
         def one(index: int, case: Case) -> Result:
             if not impl.supports(case.profile):
                 return Result(case, NOT_TESTED, f"no {case.profile} command given", "", "", 0.0)
-            if "store" in case.inputs and getattr(impl, "lacks_store", lambda p: False)(
-                case.profile
-            ):
-                return Result(case, NOT_TESTED, "the template has no {store}", "", "", 0.0)
+            lacks = getattr(impl, "lacks", lambda p, r: None)(case.profile, case.inputs)
+            if lacks is not None:
+                return Result(case, NOT_TESTED, f"the template has no {lacks}", "", "", 0.0)
             if stop.is_set():
                 return Result(case, SKIPPED, "not run after an earlier failure (--fail-fast)",
                               "", "", 0.0)  # fmt: skip
