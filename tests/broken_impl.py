@@ -10,8 +10,9 @@ promise of SPEC.md, and the conformance suite must catch it:
 ``partial-output``, ``wrong-category`` (refuses with io-error),
 ``modify-input`` (appends a byte to the delta it reads), and for the compact
 header form (SPEC §4.11) ``canonical-by-name`` (canonical layouts in name
-order) and ``lax-compact`` (ignores a chunk's ``offset`` member and the
-unused bits of base64url digests).
+order), ``lax-compact`` (ignores a chunk's ``offset`` member and the unused
+bits of base64url digests) and ``same-as-own-path`` (a target file's
+``same_as_base`` read as the base file of the target file's own path).
 """
 
 from __future__ import annotations
@@ -137,6 +138,18 @@ def lax_compact() -> None:
     wdelta.header._validate_schema = lax
 
 
+def same_as_own_path() -> None:
+    """Look a same_as_base file up under its own path, not the base path it names (C3)."""
+    expand = wdelta.compact._expand_side
+
+    def own_path(side: dict[str, Any], base: Any, listing: Any, name: str) -> dict[str, Any]:
+        files = [{**f, "same_as_base": f["path"]} if "same_as_base" in f else f
+                 for f in side["files"]]  # fmt: skip
+        return expand({**side, "files": files}, base, listing, name)
+
+    wdelta.compact._expand_side = own_path
+
+
 def canonicalize_nans(out: Path) -> None:
     """Rewrite every NaN of a float tensor in the output as the canonical quiet NaN."""
     for path in sorted(out.glob("*.safetensors")) if out.is_dir() else [out]:
@@ -179,6 +192,8 @@ def main(mode: str, args: list[str]) -> int:
         canonical_by_name()
     if mode == "lax-compact":
         lax_compact()
+    if mode == "same-as-own-path":
+        same_as_own_path()
     if mode == "never-refuse":
         cli.run(argv)
         if out is not None and not out.exists() and source is not None:
