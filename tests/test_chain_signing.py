@@ -263,3 +263,15 @@ def test_signed_squash_and_prune_keep_the_chain_verifiable(tmp_path: Path) -> No
     assert any(k.startswith("signatures/") for k in deleted)
     assert s.pull().version.number == 4
     assert s.node.read_bytes() == s.ckpts[4].read_bytes()
+
+
+def test_the_kept_root_must_be_of_the_same_chain(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    kept = trust.root_state_beside(s.node)
+    assert not kept.exists()  # the trust file's own root is not worth keeping
+    root_file(kept, "other/run", ["alice"])
+    with pytest.raises(WdeltaError) as info:
+        s.pull()
+    assert info.value.category == "bad-argument" and "other/run" in str(info.value)
+    kept.unlink()
+    assert s.pull(chain.Chain(s.store, tmp_path / "ncache", trust=s.root)).version.number == 1
