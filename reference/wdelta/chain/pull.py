@@ -297,6 +297,8 @@ def follow(
     ``backoff``'s delay (default ``Backoff()``) instead of ``interval``; the
     local checkpoint stays at its version meanwhile.  If the last poll before
     stopping failed, its error is raised (and not reported to ``on_error``).
+    ``state`` and ``accept_rollback`` are ``pull``'s, shared by every poll: a
+    rolled-back head fails the poll (manifest-invalid) and is retried.
     """
     chain, local = as_chain(chain), as_path(local, "local")
     if options.get("trust") is not None:

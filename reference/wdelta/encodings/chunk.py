@@ -27,14 +27,16 @@ class Encoded:
     blob: bytes | memoryview | None
 
 
-def _store(fields: dict[str, Any], raw: bytes | memoryview, level: int | None) -> Encoded:
-    name, stored = codec.compress(raw, level)
+def _store(
+    fields: dict[str, Any], raw: bytes | memoryview, level: int | None, sections: list[int]
+) -> Encoded:
+    name, stored = codec.compress(raw, level, sections)
     return Encoded({**fields, "codec": name, "raw_length": len(raw), "length": len(stored)}, stored)
 
 
 def encode_full(words: Words, level: int | None) -> Encoded:
     """A ``full`` chunk holding ``words`` verbatim."""
-    return _store({"encoding": "full", "changed": len(words)}, words.tobytes(), level)
+    return _store({"encoding": "full", "changed": len(words)}, words.tobytes(), level, [])
 
 
 def _pick_transform(base: Words, target: Words, sampled: Positions) -> str:
@@ -149,12 +151,15 @@ def encode_modified(base: Words, target: Words, level: int | None, allow_full: b
         return Encoded({"encoding": "unchanged", "changed": 0}, None)
     c, kind, payload = found
     fields = {"encoding": "sparse", "changed": c, "transform": kind}
-    candidates = [_store(fields, payload, level)]
+    size = base.dtype.itemsize
+    candidates = [_store(fields, payload, level, sparse.sections(payload, m, size))]
     if c > m * SPARSE_ONLY_DENSITY or base.nbytes <= ALWAYS_TRY_BYTES:
         dense = planes.split(transform.encode(kind, base, target))
-        candidates.append(_store({**fields, "encoding": "dense"}, dense, level))
+        dense_planes = [j * m for j in range(size)]
+        candidates.append(_store({**fields, "encoding": "dense"}, dense, level, dense_planes))
         if allow_full:
-            candidates.append(_store({"encoding": "full", "changed": c}, target.tobytes(), level))
+            full = target.tobytes()
+            candidates.append(_store({"encoding": "full", "changed": c}, full, level, []))
     return min(candidates, key=lambda e: e.fields["length"])
 
 
