@@ -98,13 +98,17 @@ def _write_synced(path: Path, data: Any) -> None:
         os.fsync(f.fileno())
 
 
-def zstd_xor_files(base: Path, target: Path, work: Path, level: int = 3) -> Result:
+def zstd_xor_files(
+    base: Path, target: Path, work: Path, level: int = 3,
+    timer: Callable[[Callable[[], Any]], tuple[Any, float]] = _timed,
+) -> Result:  # fmt: skip
     """The speed reference: "XOR the files, zstd the result" as a file-to-file tool.
 
     Encode reads both files, XORs them, compresses (one thread) and writes
     and fsyncs the delta; decode reads the base and the delta, decompresses,
     XORs and writes and fsyncs the rebuilt file, which is then checked.
     That is the job wdelta diff and apply do (without their digests).
+    ``timer`` runs and times each of the two (bench/fp8speed.py also counts CPU).
     """
     delta, rebuilt = work / "xor.zst", work / "xor.out"
 
@@ -118,8 +122,8 @@ def zstd_xor_files(base: Path, target: Path, work: Path, level: int = 3) -> Resu
         x = zstandard.ZstdDecompressor().decompress(delta.read_bytes())
         _write_synced(rebuilt, np.bitwise_xor(b, np.frombuffer(x, np.uint8)))
 
-    _, enc = _timed(encode)
-    _, dec = _timed(decode)
+    _, enc = timer(encode)
+    _, dec = timer(decode)
     if rebuilt.read_bytes() != target.read_bytes():
         raise AssertionError("zstd XOR file round trip differs")
     size = delta.stat().st_size

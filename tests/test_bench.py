@@ -114,3 +114,27 @@ def test_real_peer_table_end_to_end(tmp_path: Path) -> None:
     assert found["encoder's choice"] == fp8["wdelta"]["scale_bytes"]
     assert found["information bound"] == pytest.approx(fp8["bound"]["scale_bytes"], abs=1)
     assert found["encoder's choice"] <= found["dense xor, zstd 3"]
+
+
+def test_fp8speed_on_a_tiny_trace(tmp_path: Path) -> None:
+    """bench/fp8speed.py: one row per measured pair, every ratio and size filled in."""
+    pytest.importorskip("torch")
+    trace = ["--trace-root", str(tmp_path / "trace"), "--trace-dim", "32", "--trace-layers", "1",
+             "--trace-heads", "2", "--trace-seq", "17", "--trace-batch", "2",
+             "--trace-pretrain", "1", "--trace-steps", "1", "--trace-lrs", "1e-5"]  # fmt: skip
+    made = subprocess.run([sys.executable, str(REPO / "bench" / "realtrace.py"), *trace],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "fp8speed.py"), *trace, "--rounds", "1",
+         "--pair-stride", "1", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| lr1e-05 step-")]
+    assert len(rows) == 1
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and float(cells[2]) > 0
+        assert int(cells[7].replace(",", "")) > 0 and float(cells[8]) > 0.5
+    assert list(tmp_path.glob("tmp*")) == []  # its work folder is removed

@@ -39,10 +39,12 @@ def test_a_checkpoint_shortened_during_diff_is_named(
     base, target = _pair(tmp_path)
     read = source.Tensor.read
 
-    def shorten_then_read(self: source.Tensor, start: int, count: int) -> source.Words:
+    def shorten_then_read(
+        self: source.Tensor, start: int, count: int, scratch: source.Scratch | None = None
+    ) -> source.Words:
         if self._path == target:
             os.truncate(target, 200)
-        return read(self, start, count)
+        return read(self, start, count, scratch)
 
     monkeypatch.setattr(source.Tensor, "read", shorten_then_read)
     out = tmp_path / "d.wdelta"

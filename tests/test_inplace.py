@@ -105,6 +105,151 @@ def test_wrong_base_changes_nothing(tmp_path: Path) -> None:
     assert snapshot(live) == before
 
 
+def _count_digests(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Tensor name -> how many times its digest was computed."""
+    counts: dict[str, int] = {}
+    real = tensors.Slot.digest
+
+    def counting(self: tensors.Slot) -> str:
+        counts[self.name] = counts.get(self.name, 0) + 1
+        return real(self)
+
+    monkeypatch.setattr(tensors.Slot, "digest", counting)
+    return counts
+
+
+def _count_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    for name in ("write", "scatter"):
+        real = getattr(tensors.NumpySlot, name)
+
+        def spy(self: tensors.NumpySlot, *a: Any, _real: Any = real, _name: str = name) -> None:
+            calls.append(_name)
+            _real(self, *a)
+
+        monkeypatch.setattr(tensors.NumpySlot, name, spy)
+    return calls
+
+
+def test_default_hashes_each_tensor_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sparse/dense tensor's output check also proves its input (a bijection), so
+    the default reads the weights once; verify_input=True reads them twice."""
+    base = model(0)
+    delta = make_delta(tmp_path, base, step(base, 1, 0.3))
+    live = {n: a.copy() for n, a in base.items()}
+    counts = _count_digests(monkeypatch)
+    wdelta.apply_inplace(live, delta)
+    assert counts == {n: 1 for n in base}
+    counts.clear()
+    wdelta.apply_inplace(live, delta, reverse=True, verify_input=True)
+    modified = {n for n in base if n != "empty"}  # an empty tensor is unchanged
+    assert counts == {n: 2 if n in modified else 1 for n in base}
+    assert snapshot(live) == snapshot(base)
+
+
+@pytest.mark.parametrize("verify_input", [False, True])
+def test_wrong_base_is_base_mismatch_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify_input: bool
+) -> None:
+    """By default a wrong input is written, caught by the output check, undone and
+    reported as base-mismatch; verify_input=True refuses it before any write."""
+    base = model(0)
+    target = step(base, 1, 0.3)
+    delta = make_delta(tmp_path, base, target)
+    flipped = {n: a.copy() for n, a in base.items()}
+    flipped["emb"].reshape(-1).view(np.uint16)[5] ^= 1
+    for held in (target, flipped):
+        live = {n: a.copy() for n, a in held.items()}
+        writes = _count_writes(monkeypatch)
+        with pytest.raises(wdelta.BaseMismatchError) as err:
+            wdelta.apply_inplace(live, delta, verify_input=verify_input)
+        assert snapshot(live) == snapshot(held)
+        assert bool(writes) is not verify_input
+        monkeypatch.undo()
+    assert "emb" in str(err.value)
+
+
+def test_already_at_target_says_so_by_default(tmp_path: Path) -> None:
+    base = model(0)
+    target = step(base, 1, 0.3)
+    delta = make_delta(tmp_path, base, target)
+    live = {n: a.copy() for n, a in target.items()}
+    with pytest.raises(wdelta.BaseMismatchError, match="already at the delta's target"):
+        wdelta.apply_inplace(live, delta)
+    assert snapshot(live) == snapshot(target)
+
+
+def test_full_chunks_inputs_are_checked_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``full`` chunk replaces its input: its output proves nothing about the input,
+    which is therefore hashed before the first write."""
+    base = model(0)
+    target = {n: np.zeros_like(a) for n, a in base.items()}
+    delta = make_delta(tmp_path, base, target, reversible=False)
+    live = {n: a.copy() for n, a in base.items()}
+    live["norm"][0] = 3.0
+    before = snapshot(live)
+    writes = _count_writes(monkeypatch)
+    with pytest.raises(wdelta.BaseMismatchError):
+        wdelta.apply_inplace(live, delta)
+    assert writes == [] and snapshot(live) == before
+
+
+def test_write_failing_before_storing_anything_restores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that raises having stored nothing (a device error at launch, say) must
+    not be 'undone' by the inverse transform, which would corrupt its chunk."""
+    base = model(0)
+    target = step(base, 1, 0.3)
+    delta = make_delta(tmp_path, base, target)
+    live = {n: a.copy() for n, a in base.items()}
+    calls = 0
+    original = tensors.NumpySlot.scatter
+
+    def failing(self: tensors.NumpySlot, index: Any, w: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("device lost")
+        original(self, index, w)
+
+    monkeypatch.setattr(tensors.NumpySlot, "scatter", failing)
+    with pytest.raises(RuntimeError):
+        wdelta.apply_inplace(live, delta, threads=1)
+    monkeypatch.undo()
+    assert snapshot(live) == snapshot(base)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**16), density=st.sampled_from([0.02, 0.3, 1.0]),
+    side=st.sampled_from(["base", "target", "other"]), reverse=st.booleans(),
+    verify_input=st.booleans(), threads=st.integers(1, 3),
+)  # fmt: skip
+def test_all_or_nothing_property(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, density: float, side: str,
+    reverse: bool, verify_input: bool, threads: int,
+) -> None:  # fmt: skip
+    """Whatever the live weights hold, apply_inplace either reaches the output side
+    exactly or raises base-mismatch with the weights untouched."""
+    base = model(seed)
+    target = step(base, seed + 1, density)
+    delta = make_delta(tmp_path_factory.mktemp("aon"), base, target)
+    held = {"base": base, "target": target, "other": step(base, seed + 2, 0.01)}[side]
+    live = {n: a.copy() for n, a in held.items()}
+    expected_in, expected_out = (target, base) if reverse else (base, target)
+    kw: dict[str, Any] = {"verify_input": verify_input, "threads": threads}
+    if snapshot(held) == snapshot(expected_in):
+        wdelta.apply_inplace(live, delta, reverse, **kw)
+        assert snapshot(live) == snapshot(expected_out)
+    else:
+        with pytest.raises(wdelta.BaseMismatchError):
+            wdelta.apply_inplace(live, delta, reverse, **kw)
+        assert snapshot(live) == snapshot(held)
+
+
 def test_wrong_structure_is_base_mismatch(tmp_path: Path) -> None:
     base = model(0)
     delta = make_delta(tmp_path, base, step(base, 1))

@@ -28,7 +28,15 @@ from .errors import (
 )
 from .header import Chunk, Header, TensorEntry
 from .output_file import OutputFile, pwrite_all
-from .pipeline import Aborted, ChunkTask, Sequencer, chunk_tasks, ordered_map
+from .pipeline import (
+    Aborted,
+    ChunkTask,
+    Sequencer,
+    batch_limit,
+    batched_map,
+    chunk_tasks,
+    ordered_map,
+)
 
 Progress = Callable[[int], None]
 _COPY = Chunk("unchanged", 0)
@@ -201,10 +209,11 @@ def run_steps(
         if step.entry.elements == 0:
             check_digests(step, EMPTY_DIGEST, EMPTY_DIGEST)
     decoder = _Decoder(delta, ckpt, Sequencer())
-    tasks = chunk_tasks(steps, lambda s: s.entry.elements, delta.header.chunk_elements, threads)
+    chunk = delta.header.chunk_elements
+    tasks = chunk_tasks(steps, lambda s: s.entry.elements, chunk, threads)
     try:
         ahead = _WRITE_AHEAD if sink is not None else 2
-        for done in ordered_map(decoder.run, tasks, threads, ahead):
+        for done in batched_map(decoder.run, tasks, threads, batch_limit(chunk), ahead):
             task = done.task
             if sink is not None and done.words is not None:
                 sink(task.item.entry.name, task.start * task.item.entry.dtype.size, done.words)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,14 @@ from typing import Any, BinaryIO
 from . import prepend
 from ._version import __version__
 from .atomic import atomic_file
-from .checkpoint.source import Checkpoint, Tensor, Words, is_index_name, is_shard_name
+from .checkpoint.source import (
+    Checkpoint,
+    Scratch,
+    Tensor,
+    Words,
+    is_index_name,
+    is_shard_name,
+)
 from .container import MAX_HEADER_BYTES, PREFIX_SIZE, pack_prefix
 from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest, digest_bytes
 from .encodings import chunk as chunk_codec
@@ -25,7 +33,7 @@ from .errors import BadArgumentError, CheckpointInvalidError, LimitExceededError
 from .header import FORMAT_VERSION, MAX_CHUNK_ELEMENTS
 from .layout import side_json
 from .output_file import BackgroundSync, pwrite_all, start_writeback
-from .pipeline import Aborted, ChunkTask, Sequencer, chunk_tasks, ordered_map
+from .pipeline import Aborted, ChunkTask, Sequencer, batch_limit, batched_map, chunk_tasks
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
 # From this data size on, up to 4 KiB of header padding (0.4% at most) buys
@@ -98,12 +106,30 @@ class DiffOptions:
             raise BadArgumentError("threads must be >= 1")
 
 
-def _read(task: _Task, which: int, seq: Sequencer) -> Words | None:
+class _Buffers:
+    """Each worker thread's two read buffers (base, target), for one diff.
+
+    A chunk's words are dead once it is encoded (every blob is a copy or a
+    new array), so the next chunk of the same thread can reuse the buffers.
+    """
+
+    def __init__(self) -> None:
+        self._by_thread: dict[int, tuple[Scratch, Scratch]] = {}
+
+    def get(self, which: int) -> Scratch:
+        ident = threading.get_ident()
+        pair = self._by_thread.get(ident)
+        if pair is None:
+            pair = self._by_thread[ident] = (Scratch(), Scratch())
+        return pair[which]
+
+
+def _read(task: _Task, which: int, seq: Sequencer, buffers: _Buffers) -> Words | None:
     """Read one side's words of a chunk and feed them to its digest, in order."""
     tensor = task.item.base if which == 0 else task.item.target
     if tensor is None:
         return None
-    words = tensor.read(task.start, task.count)
+    words = tensor.read(task.start, task.count, buffers.get(which))
     task.digests.feed(seq, which, task.index, words)
     if task.last:
         key = ("base_digest", "target_digest")[which]
@@ -111,17 +137,17 @@ def _read(task: _Task, which: int, seq: Sequencer) -> Words | None:
     return words
 
 
-def _run(task: _Task, opts: DiffOptions, seq: Sequencer) -> _Done:
+def _run(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -> _Done:
     try:
-        return _encode(task, opts, seq)
+        return _encode(task, opts, seq, buffers)
     except BaseException as exc:
         seq.fail(exc)
         raise
 
 
-def _encode(task: _Task, opts: DiffOptions, seq: Sequencer) -> _Done:
+def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -> _Done:
     plan = task.item
-    base, target = _read(task, 0, seq), _read(task, 1, seq)
+    base, target = _read(task, 0, seq, buffers), _read(task, 1, seq, buffers)
     encoded: chunk_codec.Encoded | None
     if plan.op == "modified":
         assert base is not None and target is not None
@@ -193,10 +219,11 @@ def _encode_all(
     for plan in plans:
         if plan.tensor.elements == 0:
             _empty_digests(plan)
-    seq = Sequencer()
+    seq, buffers = Sequencer(), _Buffers()
     tasks = chunk_tasks(plans, lambda p: p.tensor.elements, opts.chunk_elements, opts.threads)
     try:
-        for done in ordered_map(lambda t: _run(t, opts, seq), tasks, opts.threads):
+        limit = batch_limit(opts.chunk_elements)
+        for done in batched_map(lambda t: _run(t, opts, seq, buffers), tasks, opts.threads, limit):
             if done.encoded is not None:
                 done.task.item.chunks.append(blobs.add(done.encoded))
             if progress is not None:

@@ -6,21 +6,30 @@ at the output side:
 
 1. the mapping's names, dtypes and shapes must be the delta's input side
    (``base-mismatch``), output tensors must be writable (``bad-argument``);
-2. every input tensor is hashed against its digest before any byte changes;
-3. chunks are decoded on a thread pool (scratch: a few chunks) and written
-   back in place in order, each one journalled (a ``sparse`` chunk gathers and
-   scatters its changed words only); every output tensor is hashed from
-   memory against its digest as it completes (``verify_output=False`` skips
-   this);
-4. on any failure the journal is undone newest first: a ``sparse`` or
-   ``dense`` chunk by decoding its blob in the other direction over the
-   written words (the transforms are bijections, SPEC §6), a ``full`` chunk
-   from the old words kept for it (only non-reversible deltas have those);
+2. input tensors whose check is not implied by their output's (below) are
+   hashed against their digests before any byte changes: unchanged tensors,
+   tensors with ``full`` chunks, removed tensors (all of them with
+   ``verify_input=True`` or ``verify_output=False``);
+3. chunks are decoded and written back in place by a thread pool (scratch: a
+   few chunks), each one journalled (a ``sparse`` chunk gathers and scatters
+   its changed words only); every output tensor is hashed from memory
+   against its digest as it completes (``verify_output=False`` skips this);
+4. on any failure the journal is undone: a ``sparse`` or ``dense`` chunk by
+   decoding its blob in the other direction over the written words (the
+   transforms are bijections, SPEC §6), a ``full`` chunk from the old words
+   kept for it (only non-reversible deltas have those); then the inputs not
+   hashed in step 2 are, so that a wrong input is reported as
+   ``base-mismatch`` (SPEC §10.2) rather than as the corrupted output it made;
 5. only then are added tensors inserted into the mapping and removed ones
    deleted (structural changes go through the mapping; added tensors are
    created as NumPy arrays, or as torch tensors on the mapping's device).
 
-Tensors sharing memory with the same layout (tied weights) are updated once.
+Why step 2 may skip the tensors it skips: a chunk that is ``unchanged``,
+``sparse`` or ``dense`` maps input words to output words by a bijection fixed
+by its (checksummed) blob, so an output that hashes to the output digest
+came from the input that hashes to the input digest (SPEC §10.2); one pass
+over the memory instead of two.  Tensors sharing memory with the same layout
+(tied weights) are updated once.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from .errors import (
     BaseMismatchError,
     ChecksumMismatchError,
     EncodingInvalidError,
+    WdeltaError,
 )
 from .pipeline import ordered_map
 from .tensors import Select, Slot, selector
@@ -70,7 +80,12 @@ class _Journal:
     reverse: bool
     done: list[tuple[_Task, Words | None]] = field(default_factory=list)
 
+    def record(self, task: _Task, old: Words | None) -> None:
+        """Called by a worker right after its chunk is written (list.append is atomic)."""
+        self.done.append((task, old))
+
     def undo(self) -> None:
+        # Chunks are disjoint, so the order of undoing does not matter.
         for task, old in reversed(self.done):
             task.slot.invalidate()
             if old is None:
@@ -107,8 +122,14 @@ def _writes(step: decoder.Step) -> bool:
     return both and step.entry.op == "modified"
 
 
+def _implied(step: decoder.Step, verify_output: bool) -> bool:
+    """Whether checking the step's output digest also proves its input (module docstring)."""
+    bijective = all(step.chunk(i).encoding != "full" for i in range(len(step.entry.chunks)))
+    return verify_output and _writes(step) and bijective
+
+
 def _verify_inputs(steps: list[decoder.Step], slots: dict[str, Slot], threads: int) -> None:
-    """Every input tensor against its digest, before anything is written."""
+    """Every input tensor of ``steps`` against its digest."""
     checked = [s for s in steps if s.src_digest is not None]
     digests = ordered_map(lambda s: slots[s.entry.name].digest(), checked, threads, 1)
     for step, digest in zip(checked, digests, strict=True):
@@ -135,11 +156,14 @@ def _tasks(
 @dataclass(frozen=True)
 class _Decoded:
     """A chunk's new words: at ``index`` (element indices of the tensor) when sparse,
-    else the whole chunk; ``old`` the words to restore on undo (``full`` chunks)."""
+    else the whole chunk; ``before`` the words they replace (to put back if the
+    write itself fails); ``old`` the words the journal keeps (``full`` chunks only,
+    the others are undone by their inverse transform)."""
 
     task: _Task
     words: Words | None
     index: np.ndarray[Any, Any] | None = None
+    before: Words | None = None
     old: Words | None = None
 
 
@@ -159,15 +183,25 @@ def _decode(delta: DeltaFile, task: _Task, reverse: bool) -> _Decoded:
                                        f"{chunk.changed}")  # fmt: skip
         index = pos.astype(np.intp) + task.start
         invert = transform.to_base if reverse else transform.to_target
-        return _Decoded(task, invert(chunk.transform, task.slot.gather(index), values), index)
+        before = task.slot.gather(index)  # left intact: the result goes into ``values``
+        return _Decoded(task, invert(chunk.transform, before, values), index, before)
     source = task.slot.read(task.start, task.count)
     if chunk.encoding == "full":
-        return _Decoded(task, np.frombuffer(payload, word, task.count), old=source)
+        return _Decoded(task, np.frombuffer(payload, word, task.count), None, source, source)
+    # A sparse chunk is decoded in ``source`` itself; dense leaves it intact.
+    before = source.copy() if chunk.encoding == "sparse" else source
     out = chunk_codec.decode(
         chunk.encoding, chunk.transform, payload, source, task.count, word, reverse,
         chunk.changed,
     )  # fmt: skip
-    return _Decoded(task, out)
+    return _Decoded(task, out, None, before)
+
+
+def _store(task: _Task, index: np.ndarray[Any, Any] | None, words: Words) -> None:
+    if index is not None:
+        task.slot.scatter(index, words)
+    else:
+        task.slot.write(task.start, words)
 
 
 def _check_output(slot: Slot, step: decoder.Step) -> None:
@@ -177,25 +211,40 @@ def _check_output(slot: Slot, step: decoder.Step) -> None:
         raise ChecksumMismatchError(f"tensor {step.entry.name!r}: decoded bytes do not match")
 
 
+def _write_chunk(delta: DeltaFile, task: _Task, journal: _Journal) -> _Task:
+    """Decode one chunk and write it in place (on a worker thread), journalled.
+
+    A write that fails (a device error, say) may have stored part of the chunk,
+    which the inverse transform cannot undo: the words it replaces are put back.
+    """
+    done = _decode(delta, task, journal.reverse)
+    if done.words is None:
+        return task
+    assert done.before is not None
+    try:
+        _store(task, done.index, done.words)
+    except BaseException:
+        _store(task, done.index, done.before)
+        raise
+    # Only once written: undoing a chunk that was not written would corrupt it.
+    journal.record(task, done.old)
+    return task
+
+
 def _update(
     delta: DeltaFile, steps: list[decoder.Step], slots: dict[str, Slot], journal: _Journal,
     threads: int, verify: bool,
 ) -> None:  # fmt: skip
-    """Write every modified tensor in place, journalling each chunk; with ``verify``
-    each tensor is hashed from memory once its last chunk is written."""
+    """Write every modified tensor in place, chunks decoded and written by the
+    workers (chunks are disjoint); with ``verify`` each tensor is hashed from
+    memory once its last chunk is written."""
     writes = [s for s in steps if _writes(s)]
     tasks = _tasks(writes, slots, delta.header.chunk_elements)
-    # Closed on error, so that no worker still reads while the journal is undone.
-    decoded = ordered_map(lambda t: _decode(delta, t, journal.reverse), tasks, threads)
-    with contextlib.closing(decoded):
-        for done in decoded:
-            task = done.task
-            if done.words is not None:
-                journal.done.append((task, done.old))
-                if done.index is not None:
-                    task.slot.scatter(done.index, done.words)
-                else:
-                    task.slot.write(task.start, done.words)
+    # Closed on error, which waits for the running workers: none still writes
+    # while the journal is undone.
+    written = ordered_map(lambda t: _write_chunk(delta, t, journal), tasks, threads)
+    with contextlib.closing(written):
+        for task in written:
             if verify and task.start + task.count == task.step.entry.elements:
                 _check_output(task.slot, task.step)
     for step in writes:
@@ -247,7 +296,8 @@ def _dedupe_tied(steps: list[decoder.Step], slots: dict[str, Slot]) -> list[deco
 
 def apply_inplace(
     weights: MutableMapping[str, Any], delta: str | os.PathLike[str], reverse: bool = False,
-    *, verify_output: bool = True, threads: int = 2, tensors: Select = None,
+    *, verify_output: bool = True, verify_input: bool = False, threads: int = 2,
+    tensors: Select = None,
 ) -> None:  # fmt: skip
     """Update ``weights`` (NumPy arrays / torch tensors by name) in place by ``delta``.
 
@@ -257,8 +307,16 @@ def apply_inplace(
     weights are left bit-identical to what they were, and the error raised.
     Scratch memory is a few chunks per thread (``full`` chunks of a
     non-reversible delta keep their old words until the end).
-    ``verify_output=False`` skips hashing the outputs (inputs are always
-    checked); only for deltas already verified against these weights.
+
+    Verification: by default every output tensor is hashed against its
+    digest, which for ``sparse``/``dense``/``unchanged`` chunks also proves
+    the input (a bijection); the other inputs are hashed before the first
+    write.  A wrong input is then written, found by the output check, undone
+    and reported as ``base-mismatch``.  ``verify_input=True`` hashes every
+    input before the first write as well (a wrong base is refused without
+    touching a byte; one more pass over the weights).
+    ``verify_output=False`` hashes the inputs only; only for deltas already
+    verified against these weights.
     ``tensors`` (an fnmatch pattern or a predicate on names) restricts the
     update to those tensors; ``weights`` then holds exactly the selected
     input tensors (a tensor-parallel rank's shard of the model).
@@ -271,13 +329,18 @@ def apply_inplace(
         slots = _slots(weights)
         _check_structure(slots, steps)
         steps = _dedupe_tied(steps, slots)
-        _verify_inputs(steps, slots, threads)
+        implied = [not verify_input and _implied(s, verify_output) for s in steps]
+        later = [s for s, skip in zip(steps, implied, strict=True) if skip]
+        _verify_inputs([s for s, skip in zip(steps, implied, strict=True) if not skip], slots,
+                       threads)  # fmt: skip
         journal = _Journal(d, reverse)
         try:
             _update(d, steps, slots, journal, threads, verify_output)
             added = _build_added(d, steps, live.torch_device(weights), verify_output)
-        except BaseException:
+        except BaseException as exc:
             journal.undo()
+            if isinstance(exc, WdeltaError):
+                _verify_inputs(later, slots, threads)  # a wrong input is the cause to name
             raise
         for step in steps:
             if step.dst_digest is None:

@@ -23,6 +23,10 @@ from .digest import new_hasher
 T = TypeVar("T")
 R = TypeVar("R")
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
+# Tasks are handed to workers in batches of about this many elements (see
+# batched_map): enough for a batch's work to outweigh its handoff, few enough
+# that two workers stay evenly loaded on a 25 M-element checkpoint.
+BATCH_ELEMENTS = 1 << 20
 
 
 def ordered_map(
@@ -132,6 +136,41 @@ class ChunkTask(Generic[T]):
     @property
     def last(self) -> bool:
         return self.start + self.count == self.elements
+
+
+def batched_map(
+    fn: Callable[[ChunkTask[T]], R], tasks: Iterable[ChunkTask[T]], threads: int, limit: int,
+    ahead: int = 2,
+) -> Generator[R, None, None]:  # fmt: skip
+    """:func:`ordered_map` of ``fn`` over tasks, handed to the workers in batches.
+
+    A batch is a run of consecutive tasks of at most ``limit`` elements in
+    all (or one larger task), so that a checkpoint of many small tensors costs
+    a few dozen thread handoffs instead of one per tensor.  Results are
+    yielded per task, in order; at most ``ahead * threads`` batches are in
+    flight, so memory stays bounded as long as ``limit`` is at most a chunk.
+    """
+    batches = _batches(tasks, limit)
+    for results in ordered_map(lambda batch: [fn(t) for t in batch], batches, threads, ahead):
+        yield from results
+
+
+def batch_limit(chunk_elements: int) -> int:
+    """The batch size for :func:`batched_map`: never more elements than a chunk."""
+    return min(chunk_elements, BATCH_ELEMENTS)
+
+
+def _batches(tasks: Iterable[ChunkTask[T]], limit: int) -> Iterator[list[ChunkTask[T]]]:
+    batch: list[ChunkTask[T]] = []
+    total = 0
+    for task in tasks:
+        if batch and total + task.count > limit:
+            yield batch
+            batch, total = [], 0
+        batch.append(task)
+        total += task.count
+    if batch:
+        yield batch
 
 
 def chunk_tasks(

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..arguments import PathLike, as_path
 from ..atomic import temp_dir
-from ..checkpoint.source import Checkpoint, Tensor, Words, open_checkpoint
+from ..checkpoint.source import Checkpoint, Scratch, Tensor, Words, open_checkpoint
 from ..container import DeltaFile, open_delta
 from ..decoder import check_input
 from ..encoder import DiffOptions, diff_checkpoints
@@ -53,7 +53,8 @@ class ComposedTensor(Tensor):
     _cache: OrderedDict[int, Words] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def read(self, start: int, count: int) -> Words:
+    def read(self, start: int, count: int, scratch: Scratch | None = None) -> Words:
+        """Words ``[start, start + count)``, always a new array (``scratch`` is not used)."""
         if self.entry.op == "unchanged":
             assert self.prev is not None
             return self.prev.read(start, count)

@@ -67,17 +67,22 @@ class Tensor:
     def nbytes(self) -> int:
         return self.elements * self.dtype.size
 
-    def read(self, start: int, count: int) -> Words:
-        """Words ``[start, start + count)`` as a new little-endian unsigned array."""
+    def read(self, start: int, count: int, scratch: Scratch | None = None) -> Words:
+        """Words ``[start, start + count)`` as a new little-endian unsigned array.
+
+        With ``scratch`` (a reusable buffer, see :class:`Scratch`) a file is
+        read into it instead, and the words stay valid only until its next use.
+        """
         if self._reader is not None:
             return self._reader(start, count)
         if self._array is not None:
             return np.array(self._array[start : start + count])
-        out = np.empty(count, dtype=self.dtype.word)
+        nbytes = count * self.dtype.size
+        buf = np.empty(nbytes, np.uint8) if scratch is None else scratch.take(nbytes)
         assert self._fd is not None
         where = f"{self._path}: tensor {self.name!r}"
         try:
-            pread_into(self._fd, out.data.cast("B"), self._offset + start * self.dtype.size, where)
+            pread_into(self._fd, buf.data, self._offset + start * self.dtype.size, where)
         except TruncatedError as exc:
             # The header was checked against the file's size when it was opened,
             # so a short read means someone shortened the file since.
@@ -85,7 +90,27 @@ class Tensor:
                 f"{exc}: the file changed while it was being read; "
                 "rerun once whatever writes it has finished"
             ) from exc
+        out: Words = buf.view(self.dtype.word)
         return out
+
+
+class Scratch:
+    """A read buffer reused from chunk to chunk by one thread.
+
+    Reading every chunk into a fresh array makes the kernel map and zero its
+    pages again each time (large blocks come from mmap): measured on diff of
+    the real fp8 trace (133 tensors, 27.5 MB a side), 8,800 page faults and
+    11 ms of system time per diff.  The buffer grows to the largest chunk.
+    """
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, np.uint8)
+
+    def take(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The first ``nbytes`` of the buffer (its earlier contents are gone)."""
+        if len(self._buf) < nbytes:
+            self._buf = np.empty(nbytes, np.uint8)
+        return self._buf[:nbytes]
 
 
 def pread_into(fd: int, buf: memoryview, offset: int, what: str = "file") -> None:

@@ -27,14 +27,16 @@ class Encoded:
     blob: bytes | memoryview | None
 
 
-def _store(fields: dict[str, Any], raw: bytes | memoryview, level: int | None) -> Encoded:
-    name, stored = codec.compress(raw, level)
+def _store(
+    fields: dict[str, Any], raw: bytes | memoryview, level: int | None, sections: list[int]
+) -> Encoded:
+    name, stored = codec.compress(raw, level, sections)
     return Encoded({**fields, "codec": name, "raw_length": len(raw), "length": len(stored)}, stored)
 
 
 def encode_full(words: Words, level: int | None) -> Encoded:
     """A ``full`` chunk holding ``words`` verbatim."""
-    return _store({"encoding": "full", "changed": len(words)}, words.tobytes(), level)
+    return _store({"encoding": "full", "changed": len(words)}, words.tobytes(), level, [])
 
 
 def _pick_transform(base: Words, target: Words, sampled: Positions) -> str:
@@ -85,30 +87,79 @@ def _sparse_payload(
     base: Words, target: Words, mask: np.ndarray[Any, Any], count: int
 ) -> tuple[str, bytes | memoryview]:
     """(transform, sparse payload) for the ``count`` changed elements in ``mask``."""
-    m = len(base)
-    if count >= m * BITMAP_DENSITY:
+    if count >= len(base) * BITMAP_DENSITY:
         return _bitmap_payload(base, target, mask, count)
     # Gathering through positions is several times faster than boolean indexing.
-    pos = np.flatnonzero(mask)
+    return _positions_payload(base, target, np.flatnonzero(mask))
+
+
+def _positions_payload(base: Words, target: Words, pos: Positions) -> tuple[str, bytes]:
+    """(transform, sparse payload) for the changed elements at ``pos`` (fewer than a bitmap's)."""
+    m = len(base)
     kind = _pick_transform(base, target, estimate.sample(pos))
     values = transform.encode(kind, base.take(pos), target.take(pos))
     return kind, sparse.encode(pos, values, m, sparse.plan_positions(pos, m))
 
 
+# From this size on, changed elements are first looked for 8 bytes at a time:
+# comparing and scanning u64 words touches an eighth of the mask entries, and
+# only the words that differ are compared element by element.  Measured on
+# the real fp8 trace (0.26% of the bytes changed, 58 chunks of 0.13-0.79 MB):
+# mask, count and positions took 13 ms per diff, 2.5 ms this way.
+WIDE_MIN_BYTES = 1 << 12
+
+
+def _sparse_positions(base: Words, target: Words) -> Positions | None:
+    """Sorted positions of the changed elements if they are below the bitmap density.
+
+    None when the wide-word scan does not apply or finds too many differing
+    words (the caller then builds the element mask).
+    """
+    if (
+        base.nbytes < WIDE_MIN_BYTES
+        or base.nbytes % 8
+        or not (base.flags.c_contiguous and target.flags.c_contiguous)
+    ):
+        return None
+    per = 8 // base.dtype.itemsize
+    wide_base, wide_target = base.view(np.uint64), target.view(np.uint64)
+    words = np.flatnonzero(wide_base != wide_target)
+    if len(words) * per >= len(base) * BITMAP_DENSITY:
+        return None
+    # Which elements of each differing word differ: its XOR's nonzero elements.
+    xor = np.bitwise_xor(wide_base.take(words), wide_target.take(words))
+    row, col = np.nonzero(xor.view(base.dtype).reshape(len(words), per))
+    pos: Positions = words[row] * per + col
+    return pos
+
+
+def _changes(base: Words, target: Words) -> tuple[int, str, bytes | memoryview] | None:
+    """(changed count, transform, sparse payload), or None if nothing changed."""
+    pos = _sparse_positions(base, target)
+    if pos is not None:
+        return (len(pos), *_positions_payload(base, target, pos)) if len(pos) else None
+    mask = base != target
+    c = int(np.count_nonzero(mask))
+    return (c, *_sparse_payload(base, target, mask, c)) if c else None
+
+
 def encode_modified(base: Words, target: Words, level: int | None, allow_full: bool) -> Encoded:
     """The smallest encoding of a chunk that exists on both sides."""
-    mask = base != target
-    m, c = len(base), int(np.count_nonzero(mask))
-    if c == 0:
+    m = len(base)
+    found = _changes(base, target)
+    if found is None:
         return Encoded({"encoding": "unchanged", "changed": 0}, None)
-    kind, payload = _sparse_payload(base, target, mask, c)
+    c, kind, payload = found
     fields = {"encoding": "sparse", "changed": c, "transform": kind}
-    candidates = [_store(fields, payload, level)]
+    size = base.dtype.itemsize
+    candidates = [_store(fields, payload, level, sparse.sections(payload, m, size))]
     if c > m * SPARSE_ONLY_DENSITY or base.nbytes <= ALWAYS_TRY_BYTES:
         dense = planes.split(transform.encode(kind, base, target))
-        candidates.append(_store({**fields, "encoding": "dense"}, dense, level))
+        dense_planes = [j * m for j in range(size)]
+        candidates.append(_store({**fields, "encoding": "dense"}, dense, level, dense_planes))
         if allow_full:
-            candidates.append(_store({"encoding": "full", "changed": c}, target.tobytes(), level))
+            full = target.tobytes()
+            candidates.append(_store({"encoding": "full", "changed": c}, full, level, []))
     return min(candidates, key=lambda e: e.fields["length"])
 
 

@@ -8,6 +8,7 @@ size, carries trailing bytes or expands past it is refused.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import zstandard
 
@@ -53,18 +54,61 @@ def _compressor(level: int | None) -> zstandard.ZstdCompressor:
     return cache[level]
 
 
-def compress(raw: bytes | memoryview, level: int | None) -> tuple[str, bytes | memoryview]:
+def compress(
+    raw: bytes | memoryview, level: int | None, sections: Sequence[int] = ()
+) -> tuple[str, bytes | memoryview]:
     """(codec, stored bytes): zstd unless it would not shrink the payload.
 
     ``level`` None selects the "auto" policy: :data:`AUTO_SMALL_LEVEL` below
-    :data:`AUTO_SMALL_BYTES`, :data:`AUTO_PARAMS` from there on.
+    :data:`AUTO_SMALL_BYTES`, :data:`AUTO_PARAMS` from there on.  With
+    ``sections`` (increasing offsets) and at least :data:`SECTIONS_MIN_BYTES`,
+    a zstd block ends at each of them, still in one frame (see
+    :func:`_compress_sections`).
     """
     if level is None and len(raw) < AUTO_SMALL_BYTES:
         level = AUTO_SMALL_LEVEL
-    stored = _compressor(level).compress(raw)
+    cctx = _compressor(level)
+    if sections and len(raw) >= SECTIONS_MIN_BYTES:
+        stored = _compress_sections(cctx, memoryview(raw).cast("B"), sections)
+    else:
+        stored = cctx.compress(raw)
     if len(stored) >= len(raw):
         return "none", raw
     return "zstd", stored
+
+
+# Far below this, a block per section costs more in block headers and tables
+# than it saves.  Measured on the real trace: 1 KiB bf16 norm payloads grow by
+# 4-8 bytes each, while fp8 sparse payloads of 1-3 KiB shrink by 2.8% in all
+# (from 2 KiB on, 0.7% less gain for fp8 lr 1e-6).
+SECTIONS_MIN_BYTES = 1 << 10
+
+
+def _compress_sections(
+    cctx: zstandard.ZstdCompressor, raw: memoryview, sections: Sequence[int]
+) -> bytes:
+    """One frame (content size declared) whose blocks end at every section boundary.
+
+    A payload's sections (position streams, then one byte plane per value
+    byte) have unrelated statistics, yet zstd codes all the literals of a
+    block with one Huffman table: the near-uniform Rice remainders and low
+    mantissa bytes spoil the table of the skewed exponent and fp8 value bytes.
+    A block per section gets its own table (or is stored raw) for a few bytes
+    of block header.  Measured on the real trace (step pair 6-7): data
+    sections 3.1-4.0% smaller (bf16 lr 1e-6 1.144 -> 1.100 of the bound, fp8
+    lr 1e-5 1.142 -> 1.102, fp8 lr 1e-6 1.176 -> 1.145).
+    """
+    cobj = cctx.compressobj(size=len(raw))
+    parts = []
+    start = 0
+    for end in sections:
+        if start < end < len(raw):
+            parts.append(cobj.compress(raw[start:end]))
+            parts.append(cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK))
+            start = end
+    parts.append(cobj.compress(raw[start:]))
+    parts.append(cobj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
+    return b"".join(parts)
 
 
 def decompress(codec: str, stored: bytes, raw_length: int) -> bytes:

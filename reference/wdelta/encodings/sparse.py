@@ -101,6 +101,21 @@ class BitmapPayload:
         return self._buf.data
 
 
+def sections(payload: bytes | memoryview, m: int, size: int) -> list[int]:
+    """Offsets where the parts of a valid payload start: the Rice remainders
+    (rice only), then each byte plane of the values, in order."""
+    coding, k, _, count = _HEAD.unpack_from(payload)
+    if coding == BITMAP:
+        values = _HEAD.size + (m + 7) // 8
+        starts = []
+    else:
+        (unary_len,) = struct.unpack_from("<Q", payload, _HEAD.size)
+        remainders = _HEAD.size + 8 + unary_len
+        values = remainders + (count * k + 7) // 8
+        starts = [remainders]
+    return starts + [values + j * count for j in range(size)]
+
+
 def decode(payload: bytes | memoryview, m: int, word: np.dtype[Any]) -> tuple[Positions, Words]:
     """(positions, values) from a payload; every byte is validated."""
     view = memoryview(payload)
