@@ -39,6 +39,7 @@ from vectorgen import (  # noqa: E402
     layouts,
     matrix,
     positions,
+    signatures,
     special,
 )
 from vectorgen.suite import FORMAT_VERSION, MANIFEST_VERSION, Suite  # noqa: E402
@@ -82,6 +83,7 @@ def build_suite() -> Suite:
     encoder.add_encoder_cases(suite)
     chains.add_rule_cases(suite)
     chains.add_store_cases(suite)
+    signatures.add_signature_cases(suite)
     chains.add_seen_cases(suite)
     return suite
 

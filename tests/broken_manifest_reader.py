@@ -1,10 +1,12 @@
 """Deliberately broken manifest readers around ``wdelta chain check``, for the conformance tests.
 
-    python tests/broken_manifest_reader.py MODE MANIFEST [--store STORE] [--after SEEN]
+    python tests/broken_manifest_reader.py MODE MANIFEST [--store STORE [--trust ROOT]]
+        [--after SEEN]
 
 ``faithful`` is the reference; ``plain-json`` parses with ``json.loads``
 (duplicate keys, NaN, lone surrogates and deep nesting pass); ``no-reachability``
 skips CH-9; ``skip-missing`` skips listed files missing from storage (RD-3);
+``ignore-signatures`` takes ``--trust`` but never checks a signature (SG-1..SG-5);
 ``ignore-after`` drops ``--after`` (no memory of an accepted revision, RD-1);
 ``revision-only`` compares revision numbers with the accepted one, never digests.
 """
@@ -21,6 +23,7 @@ import wdelta.chain.acceptance
 import wdelta.chain.graph
 import wdelta.chain.manifest
 import wdelta.chain.ops
+import wdelta.chain.signed_cli
 from wdelta import api, cli
 from wdelta.chain.errors import ManifestInvalidError, NotFoundError
 from wdelta.chain.fetch import fetch_link, materialize_snapshot
@@ -59,6 +62,8 @@ def main(mode: str, args: list[str]) -> int:
         wdelta.chain.graph.unreachable = lambda m: []  # type: ignore[assignment]
     if mode == "skip-missing":
         wdelta.chain.ops.check_files = skip_missing
+    if mode == "ignore-signatures":
+        wdelta.chain.signed_cli.check_signatures = lambda *args: []
     if mode == "ignore-after" and "--after" in args:
         at = args.index("--after")
         args = args[:at] + args[at + 2 :]

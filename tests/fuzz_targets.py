@@ -19,13 +19,14 @@ import numpy as np
 
 import wdelta
 from kit import Delta, RawTensor, leftovers, safetensors_bytes, write_sharded
+from wdelta.chain.errors import CHAIN_CATEGORIES
 from wdelta.chain.manifest import parse_manifest
 from wdelta.checkpoint.source import open_checkpoint
 from wdelta.container import pack_prefix
 from wdelta.errors import CATEGORIES
 
 # The chain's categories come on top of the format's (SPEC.md §17).
-DOCUMENTED = frozenset(CATEGORIES) | {"manifest-invalid", "chain-broken", "not-found", "conflict"}
+DOCUMENTED = frozenset(CATEGORIES) | set(CHAIN_CATEGORIES)
 
 
 def _tensors(changed: bool) -> dict[str, RawTensor]:

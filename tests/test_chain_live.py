@@ -64,6 +64,29 @@ def test_publish_digest_is_the_files_digest(tmp_path: Path, on_disk: bool) -> No
     assert keep is None or keep.exists()
 
 
+def test_publisher_copies_into_the_previous_arrays(tmp_path: Path) -> None:
+    """The copy kept in memory is rewritten in place step after step (fresh arrays
+    cost a page fault per 4 KiB), and stays a copy: the trainer may change its
+    tensors in place after publishing, in place in the next step too."""
+    c = new_chain(tmp_path)
+    pub = chain.Publisher(c)
+    live = {n: t.clone() for n, t in state(0).items()}
+    pub.publish(live, step=0)
+    kept = dict(pub._previous)  # type: ignore[arg-type]
+    for k in range(1, 4):
+        new = next_state(live, 10 * k)
+        for n, t in live.items():
+            t.copy_(new[n])  # the trainer's optimizer step, in place
+        m = pub.publish(live, step=k)
+        assert m.head.digest == chain.weights_digest(new)
+        assert all(pub._previous[n] is kept[n] for n in kept)  # type: ignore[index]
+    for t in live.values():
+        t.view(torch.uint8).reshape(-1)[0] ^= 1
+    assert chain.weights_digest(pub._previous) == m.head.digest  # type: ignore[arg-type]
+    node, _ = chain.load(c, device="cpu")
+    assert same(node, new)
+
+
 def test_publisher_refuses_an_existing_chain_without_previous(tmp_path: Path) -> None:
     c = new_chain(tmp_path)
     chain.Publisher(c).publish(state(0))

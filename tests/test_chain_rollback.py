@@ -230,6 +230,11 @@ def test_pull_refuses_a_rollback_after_a_restart(
     assert f"--accept-rollback (accept_rollback=True) or delete {state}" in str(info.value)
     assert local.read_bytes() == ckpts[2].read_bytes() and state.read_bytes() == saved
     assert chain.pull(store, local, state=False).revision == 3  # no state: no protection
+    moved = tmp_path / "moved-store"
+    shutil.copytree(store, moved)
+    with pytest.raises(chain.ManifestInvalidError) as info:
+        chain.pull(moved, local)  # pointed at another copy: the state says where it came from
+    assert f"that revision was accepted from {store}, not {moved}; " in str(info.value)
     with pytest.raises(chain.ManifestInvalidError, match="lower than revision 4 read before"):
         chain.pull(running, local, state=False)
     result = chain.pull(running, local, accept_rollback=True)

@@ -126,13 +126,16 @@ REFERENCE_CLI = Templates({
     "encoder": f"{PYTHON} -m wdelta diff -q {{base}} {{target}} -o {{out}}",
     "manifest": f"{PYTHON} -m wdelta chain check -q {{manifest}}",
     "manifest-store": f"{PYTHON} -m wdelta chain check -q {{manifest}} --store {{store}}",
+    "manifest-trust": f"{PYTHON} -m wdelta chain check -q {{manifest}} --store {{store}} "
+                      "--trust {trust}",
     "manifest-seen": f"{PYTHON} -m wdelta chain check -q {{manifest}} --after {{seen}}",
 })  # fmt: skip
 SAMPLE = ["*/valid/host", "*/valid/layout/sharded", "*/invalid/bitmap-trailing-bit",
           "decoder/base-mismatch/missing-tensor", "reverse/not-reversible/full-chunks",
           "encoder/sharded", "encoder/invalid/target-dtype-f4", "manifest/valid/typical",
           "manifest/invalid/unreachable", "manifest/store/delta-missing",
-          "manifest/seen/valid-next", "manifest/seen/fork"]  # fmt: skip
+          "manifest/signed/revoked-key", "manifest/seen/valid-next",
+          "manifest/seen/fork"]  # fmt: skip
 
 
 def test_reference_cli_passes_through_templates(manifest: Manifest, scratch: Path) -> None:
@@ -467,6 +470,11 @@ BROKEN_READER_CASES = {
                         ["manifest/valid/large", "manifest/invalid/link-dangling"]),
     "skip-missing": (["manifest/store/delta-missing", "manifest/store/snapshot-missing"],
                      ["manifest/store/valid", "manifest/store/delta-corrupted"]),
+    "ignore-signatures": ([f"manifest/signed/{n}" for n in (
+        "unsigned", "wrong-key", "tampered-byte", "tampered-signature", "wrong-revision",
+        "wrong-chain", "threshold-not-met", "revoked-key", "root-not-signed-by-previous",
+        "expired", "root-expired")],
+        ["manifest/signed/valid", "manifest/signed/rotated-key", "manifest/signed/threshold-met"]),
     "ignore-after": (["manifest/seen/lower", "manifest/seen/lower-by-three",
                       "manifest/seen/rewritten", "manifest/seen/fork"],
                      ["manifest/seen/valid-same", "manifest/seen/valid-next",
@@ -481,7 +489,9 @@ def _reader(mode: str) -> Templates:
     tool = f"{PYTHON} {shlex.quote(str(READERS))} {mode}"
     return Templates({"manifest": f"{tool} {{manifest}}",
                       "manifest-store": f"{tool} {{manifest}} --store {{store}}",
-                      "manifest-seen": f"{tool} {{manifest}} --after {{seen}}"})  # fmt: skip
+                      "manifest-seen": f"{tool} {{manifest}} --after {{seen}}",
+                      "manifest-trust": f"{tool} {{manifest}} --store {{store}} "
+                                        "--trust {trust}"})  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", sorted(BROKEN_READER_CASES))
@@ -503,6 +513,16 @@ def test_storage_cases_need_the_store_template(manifest: Manifest, scratch: Path
         Templates({"manifest-store": "tool check {manifest}"})
 
 
+def test_signature_cases_need_the_trust_template(manifest: Manifest, scratch: Path) -> None:
+    store_only = Templates({k: v for k, v in _reader("faithful").templates.items()
+                            if k != "manifest-trust"})  # fmt: skip
+    results = _run(manifest, ["manifest/signed/valid", "manifest/store/valid"], store_only,
+                   scratch)  # fmt: skip
+    assert results["manifest/signed/valid"].status == "not-tested"
+    assert results["manifest/signed/valid"].message == "the template has no {trust}"
+    assert results["manifest/store/valid"].status == "pass"
+    with pytest.raises(BadArgumentError, match=r"lacks \{trust\}"):
+        Templates({"manifest-trust": "tool check {manifest} --store {store}"})
 def test_seen_cases_need_the_seen_template(manifest: Manifest, scratch: Path) -> None:
     """RD-1 needs a reader's memory: its cases run only with a {seen} template, and a
     reader that has none is reported as not tested, never failed."""

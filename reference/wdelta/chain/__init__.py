@@ -12,7 +12,9 @@ Python API (SPEC.md "Chains")::
     m = chain.parse_manifest(data)                           # read-only tooling
 
 Every failure is a :class:`wdelta.WdeltaError` with a stable category; the
-chain adds ``manifest-invalid``, ``chain-broken``, ``not-found`` and ``conflict``.
+chain adds ``manifest-invalid``, ``chain-broken``, ``not-found`` and ``conflict``,
+and with a trust policy (``Chain(..., trust=ROOTFILE)``, SPEC.md "Signed
+revisions") ``signature-invalid`` and ``frozen``.
 """
 
 from .backoff import Backoff
@@ -22,8 +24,10 @@ from .errors import (
     CHAIN_CATEGORIES,
     ChainBrokenError,
     ConflictError,
+    FrozenError,
     ManifestInvalidError,
     NotFoundError,
+    SignatureInvalidError,
 )
 from .live import Publisher, follow_weights, load, save_weights, weights_digest
 from .manifest import (
@@ -38,8 +42,10 @@ from .manifest import (
 from .ops import AppendOptions, append, append_delta, init, log_rows, verify
 from .prune import Policy, prune
 from .pull import PullResult, follow, pull
+from .signing import PublicKey, SigningKey, load_public_key, load_signing_key
 from .storage import LocalStorage, ObjectInfo, Storage, open_storage
 from .store import Chain
+from .trust import Root, Trust, make_root, read_root_file
 
 __all__ = [
     "CHAIN_CATEGORIES",
@@ -48,6 +54,7 @@ __all__ = [
     "Chain",
     "ChainBrokenError",
     "ConflictError",
+    "FrozenError",
     "GcResult",
     "Link",
     "LocalStorage",
@@ -56,11 +63,16 @@ __all__ = [
     "NotFoundError",
     "ObjectInfo",
     "Policy",
+    "PublicKey",
     "Publisher",
     "PullResult",
+    "Root",
+    "SignatureInvalidError",
+    "SigningKey",
     "Snapshot",
     "SnapshotFile",
     "Storage",
+    "Trust",
     "Version",
     "append",
     "append_delta",
@@ -70,12 +82,16 @@ __all__ = [
     "gc_chain",
     "init",
     "load",
+    "load_public_key",
+    "load_signing_key",
     "log_rows",
+    "make_root",
     "open_storage",
     "parse_manifest",
     "prune",
     "pull",
     "read_manifest",
+    "read_root_file",
     "save_weights",
     "squash",
     "verify",

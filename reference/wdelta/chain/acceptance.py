@@ -218,9 +218,17 @@ class Tracker:
             chain.seen_revision = 0  # what this process read before is overruled too
         m, digest = chain.read_head()
         if not self.accept_rollback:
-            remedy = "" if self.path is None else REMEDY.format(path=self.path)
-            check(self.accepted, m.revision, digest, m.parent, stored_digests(chain), remedy)
+            check(self.accepted, m.revision, digest, m.parent, stored_digests(chain),
+                  self._remedy(chain.url))  # fmt: skip
         return m, digest
+
+    def _remedy(self, url: str) -> str:
+        """What to tell an operator whose chain was refused; names another chain's state."""
+        remedy = "" if self.path is None else REMEDY.format(path=self.path)
+        was = "" if self.accepted is None else self.accepted.chain
+        if was and was != url:
+            return f"that revision was accepted from {was}, not {url}; {remedy}".rstrip("; ")
+        return remedy
 
     def accept(self, chain: Head, m: Manifest, digest: str) -> None:
         """Record head ``m`` (BLAKE3 ``digest``) as accepted; on disk only when it changed."""

@@ -1,5 +1,5 @@
 """``wdelta chain ...``: init, append, log, verify, check, pull, squash, prune, gc,
-check-storage.
+check-storage, and the signing commands (keygen, root, rotate, sign, refresh).
 
 ``register(subparsers, help)`` adds the ``chain`` command to the main parser; each
 subcommand's ``func`` returns the exit status and lets WdeltaError propagate
@@ -31,6 +31,20 @@ from .prune import Policy, prune
 from .pull import PullResult, follow, pull
 from .storage import open_storage
 from .store import Chain
+from .trust import Trust
+
+
+def _trust_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Chain(...) keywords from --trust, --sign and --expires-days (signing.py loads keys)."""
+    from .signing import load_signing_key
+
+    trust = getattr(args, "trust", None)
+    keys = [load_signing_key(Path(k)) for k in getattr(args, "sign", None) or []]
+    out: dict[str, Any] = {"trust": None if trust is None else Trust.from_file(Path(trust))}
+    if keys:
+        out["sign"] = keys
+        out["sign_seconds"] = args.expires_days * 86400.0
+    return out
 
 
 @contextlib.contextmanager
@@ -47,13 +61,14 @@ def _progress(args: argparse.Namespace, label: str) -> Iterator[Callable[[int], 
 
 @contextlib.contextmanager
 def _chain(args: argparse.Namespace, default_cache: Path | None = None) -> Iterator[Chain]:
+    trust = _trust_args(args)
     storage = open_storage(args.url)
     cache = getattr(args, "cache", None) or os.environ.get("WDELTA_CACHE") or default_cache
     if cache is not None:
-        yield Chain(storage, Path(cache))
+        yield Chain(storage, Path(cache), **trust)
         return
     with temp_dir(Path(tempfile.gettempdir()), "cache") as tmp:
-        yield Chain(storage, tmp)
+        yield Chain(storage, tmp, **trust)
 
 
 def _n(count: int, noun: str) -> str:
@@ -128,8 +143,17 @@ def _format_log(m: Manifest) -> str:
 
 
 def _cmd_log(args: argparse.Namespace) -> int:
-    m = Chain(open_storage(args.url)).head()
-    print(json.dumps(m.to_json(), indent=2) if args.json else _format_log(m))
+    from .signed_cli import signers_line
+
+    c = Chain(open_storage(args.url), **_trust_args(args))
+    m = c.head()
+    if args.json:
+        print(json.dumps(m.to_json(), indent=2))
+        return 0
+    print(_format_log(m))
+    signed = signers_line(c, m)
+    if signed is not None:
+        print(printable(signed))
     return 0
 
 
@@ -146,7 +170,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     """One manifest revision file (CH-1..CH-9); with --after, against a revision accepted
-    before (RD-1); with --store, the files it lists (RD-2, RD-3)."""
+    before (RD-1); with --store, the files it lists (RD-2, RD-3); with --trust (needs
+    --store), its signatures first (SG-1..SG-5)."""
+    if args.trust is not None:
+        from .signed_cli import check_signatures
+
+        if args.store is None:
+            raise BadArgumentError("check --trust needs --store (the signatures live there)")
+        check_signatures(Path(args.manifest), open_storage(args.store), Path(args.trust))
     m = read_manifest(args.manifest)
     with tempfile.TemporaryDirectory(prefix="wdelta-check-") as tmp:
         c = None if args.store is None else Chain(open_storage(args.store), Path(tmp))
@@ -174,8 +205,27 @@ def _retrying(exc: WdeltaError, delay: float) -> None:
     print(f"pull failed: {exc.category}: {exc}; retrying in {delay:.1f} s", file=sys.stderr)
 
 
+_UNAUTHENTICATED = "warning: no trust policy (--trust ROOT): revisions are not authenticated"
+
+
+def _report_once_unauthenticated(args: argparse.Namespace) -> Callable[[PullResult], None]:
+    """``_report``, and after the first success without --trust the warning (once, on
+    stderr; a failure stays the single ``error:`` line of §12.2)."""
+    warned = args.trust is not None
+
+    def report(r: PullResult) -> None:
+        nonlocal warned
+        _report(args, r)
+        if not warned:
+            print(_UNAUTHENTICATED, file=sys.stderr)
+            warned = True
+
+    return report
+
+
 def _cmd_pull(args: argparse.Namespace) -> int:
     local = Path(args.local)
+    report = _report_once_unauthenticated(args)
     options: dict[str, Any] = {"tensors": args.tensors, "threads": args.threads}
     options["cache_max_bytes"] = args.cache_max_bytes
     options["state"] = args.state or True
@@ -183,7 +233,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
         options["progress"] = progress
         if not args.follow:
-            _report(args, pull(c, local, to=args.to, **options))
+            report(pull(c, local, to=args.to, **options))
             return 0
         follow(
             c,
@@ -191,7 +241,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             interval=args.interval,
             max_iterations=args.max_iterations,
             timeout=args.timeout,
-            on_update=lambda r: _report(args, r),
+            on_update=report,
             on_error=_retrying,
             backoff=Backoff(base=min(1.0, args.backoff_cap), cap=args.backoff_cap),
             **options,
@@ -272,6 +322,22 @@ def _common(p: argparse.ArgumentParser, *, cache: bool = False, threads: bool = 
         p.add_argument("--threads", type=int, default=2, help="worker threads (default 2)")
 
 
+def _signing_args(p: argparse.ArgumentParser, *, writer: bool = True) -> None:
+    p.add_argument(
+        "--trust", default=None, metavar="ROOT",
+        help="the chain's trust root: refuse revisions not signed by its keys",
+    )  # fmt: skip
+    if writer:
+        p.add_argument(
+            "--sign", action="append", default=[], metavar="KEY",
+            help="sign the new revision with this private key (repeatable; needs --trust)",
+        )  # fmt: skip
+        p.add_argument(
+            "--expires-days", type=float, default=7.0,
+            help="days the signatures stay valid (7): nodes report 'frozen' after",
+        )  # fmt: skip
+
+
 def _writer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="the checkpoint to publish (.safetensors or folder)")
     p.add_argument("--step", type=int, default=None, help="training step of this version")
@@ -290,12 +356,16 @@ def register(subparsers: Any, help: str) -> None:
     sub = chain.add_subparsers(dest="chain_command", required=True, parser_class=type(chain))
     _register_writers(sub)
     _register_readers(sub)
+    from .signed_cli import register_signing
+
+    register_signing(sub, _common, _signing_args)
 
 
 def _register_writers(sub: Any) -> None:
     p = sub.add_parser("init", help="start a chain from a base checkpoint (stored as a snapshot)")
     _common(p)
     _writer_args(p)
+    _signing_args(p)
     p.set_defaults(func=_cmd_init)
     p = sub.add_parser("append", help="publish a checkpoint as a delta from --base")
     _common(p, threads=True)
@@ -304,12 +374,14 @@ def _register_writers(sub: Any) -> None:
     p.add_argument("--snapshot", action="store_true", help="also store a full snapshot")
     p.add_argument("--level", type=int, default=None, help="zstd level (default: automatic)")
     p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
+    _signing_args(p)
     p.set_defaults(func=_cmd_append)
     p = sub.add_parser("squash", help="publish one link composed of the links between versions")
     _common(p, cache=True, threads=True)
     p.add_argument("--from", dest="source", required=True, help="older version")
     p.add_argument("--to", dest="target", default="head", help="newer version (default head)")
     p.add_argument("--base", default=None, help="local checkpoint at --from (else its snapshot)")
+    _signing_args(p)
     p.set_defaults(func=_cmd_squash)
     p = sub.add_parser("prune", help="drop links and snapshots outside a retention policy")
     _common(p)
@@ -321,6 +393,7 @@ def _register_writers(sub: Any) -> None:
     p.add_argument(
         "--dry-run", action="store_true", help="print what would be removed, remove nothing"
     )
+    _signing_args(p)
     p.set_defaults(func=_cmd_prune)
 
 
@@ -328,6 +401,7 @@ def _register_readers(sub: Any) -> None:
     p = sub.add_parser("log", help="the history of versions")
     _common(p)
     p.add_argument("--json", action="store_true", help="the head manifest as JSON")
+    _signing_args(p, writer=False)
     p.set_defaults(func=_cmd_log)
     p = sub.add_parser("verify", help="check every manifest rule, digest and header")
     _common(p, cache=True)
@@ -338,6 +412,7 @@ def _register_readers(sub: Any) -> None:
     p = sub.add_parser("check", help="check one manifest revision file (and --store's files)")
     p.add_argument("manifest", help="a manifest file named rev-RRRRRRRRRRRR.json")
     p.add_argument("--store", default=None, help="the chain's root: verify every listed file")
+    p.add_argument("--trust", default=None, metavar="ROOT", help="check its signatures in --store")
     p.add_argument(
         "--after",
         default=None,
@@ -372,6 +447,7 @@ def _register_readers(sub: Any) -> None:
         default=300.0,
         help="longest wait in seconds between retries of a failing --follow poll (300)",
     )
+    _signing_args(p, writer=False)
     p.add_argument(
         "--state",
         default=None,

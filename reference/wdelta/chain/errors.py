@@ -2,7 +2,8 @@
 
 The delta-file categories of :mod:`wdelta.errors` keep their meaning here
 (a corrupt downloaded file is ``checksum-mismatch``, a transport failure is
-``io-error``); these four cover what only a chain can get wrong.
+``io-error``); these cover what only a chain can get wrong
+(``signature-invalid`` and ``frozen`` only with a trust policy).
 """
 
 from __future__ import annotations
@@ -34,4 +35,18 @@ class ConflictError(WdeltaError):
     category = "conflict"
 
 
-CHAIN_CATEGORIES: tuple[str, ...] = ("manifest-invalid", "chain-broken", "not-found", "conflict")
+class SignatureInvalidError(WdeltaError):
+    """A trust policy refuses a revision or a root: too few valid signatures of trusted keys."""
+
+    category = "signature-invalid"
+
+
+class FrozenError(WdeltaError):
+    """The newest signed revision (or the trust root) has expired: nothing fresh to serve."""
+
+    category = "frozen"
+
+
+CHAIN_CATEGORIES: tuple[str, ...] = (
+    "manifest-invalid", "chain-broken", "not-found", "conflict", "signature-invalid", "frozen",
+)  # fmt: skip

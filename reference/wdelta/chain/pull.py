@@ -43,6 +43,7 @@ from .partial_snapshot import extract_remote
 from .storage.base import Progress
 from .storage.local import LocalStorage
 from .store import Chain, as_chain
+from .trust import Trust, as_trust
 
 _REPLANS = 3
 
@@ -212,6 +213,7 @@ def pull(
     chain: Chain | PathLike, local: PathLike, *, to: str | int = "head", tensors: str | None = None,
     progress: Progress | None = None, threads: int = 2, assume: str | None = None,
     avoid: set[str] | None = None, cache_max_bytes: int | None = None,
+    trust: Trust | PathLike | None = None,
     state: PathLike | bool | acceptance.Tracker = True, accept_rollback: bool = False,
 ) -> PullResult:  # fmt: skip
     """Bring ``local`` to version ``to``; ``tensors`` selects a partial pull.
@@ -225,6 +227,9 @@ def pull(
     another path exists; the pull adds to it every file that fails
     verification (``follow`` keeps one across its polls).  ``cache_max_bytes``:
     after the pull, the cache is garbage-collected (cachegc.gc) down to that size.
+    ``trust`` (a Trust or a trust root file) becomes the chain's trust policy:
+    a revision without a threshold of valid signatures is refused
+    (``signature-invalid``, ``frozen``) before anything is downloaded.
 
     ``state``: where the accepted head revision is kept (RD-1): True (default)
     ``.NAME.wdelta-accepted.json`` beside ``local``, a path, False for none,
@@ -233,6 +238,8 @@ def pull(
     unless ``accept_rollback`` (once: the new head is recorded instead).
     """
     chain, local = as_chain(chain), as_path(local, "local")
+    if trust is not None:
+        chain.trust = as_trust(trust)
     if tensors is not None and not isinstance(tensors, str):
         raise BadArgumentError(f"tensors must be a str of patterns, not {type(tensors).__name__}")
     check_optional_int(cache_max_bytes, "cache_max_bytes", 0)
@@ -282,8 +289,12 @@ def follow(
     ``backoff``'s delay (default ``Backoff()``) instead of ``interval``; the
     local checkpoint stays at its version meanwhile.  If the last poll before
     stopping failed, its error is raised (and not reported to ``on_error``).
+    ``state`` and ``accept_rollback`` are ``pull``'s, shared by every poll: a
+    rolled-back head fails the poll (manifest-invalid) and is retried.
     """
     chain, local = as_chain(chain), as_path(local, "local")
+    if options.get("trust") is not None:
+        chain.trust = as_trust(options.pop("trust"))  # once: the walked root persists
     interval = check_seconds(interval, "interval") or 0.0
     timeout = check_seconds(timeout, "timeout")
     check_optional_int(max_iterations, "max_iterations", 1)

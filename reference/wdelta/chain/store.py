@@ -29,10 +29,13 @@ from ..digest import digest_bytes
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError
 from .errors import ConflictError, ManifestInvalidError, NotFoundError
 from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
+from .signing import SigningKey
 from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
+from .trust import Trust, as_trust, format_time, root_key
 
 PUBLISH_ATTEMPTS = 50
+SIGNATURE_SECONDS = 7 * 24 * 3600  # default validity of a revision signature
 _GIVE_CACHE = "open the chain as chain.Chain(LOCATION, cache=FOLDER)"
 _HASH_BLOCK = 1 << 22
 
@@ -53,13 +56,28 @@ class Chain:
     """One chain: ``storage`` holds it, ``cache`` (optional) keeps verified downloads.
 
     ``storage`` may also be given as its location (a folder, ``s3://`` or
-    ``hf://`` URL, see :func:`open_storage`).
+    ``hf://`` URL, see :func:`open_storage`).  ``trust`` (a :class:`Trust` or
+    a trust root file) makes every head read refuse revisions without a
+    threshold of valid, unexpired signatures; ``sign`` (needs ``trust``) makes
+    every revision this object publishes signed by those keys, valid for
+    ``sign_seconds``.  A signing writer checks the head it extends but not its
+    expiry (it is the one that publishes a fresh revision).
     """
 
-    def __init__(self, storage: Storage | PathLike, cache: PathLike | None = None) -> None:
+    def __init__(
+        self, storage: Storage | PathLike, cache: PathLike | None = None, *,
+        trust: Trust | PathLike | None = None, sign: list[SigningKey] | None = None,
+        sign_seconds: float = SIGNATURE_SECONDS,
+    ) -> None:  # fmt: skip
         self.storage = storage if isinstance(storage, Storage) else open_storage(storage)
         self.cache = None if cache is None else as_path(cache, "cache")
         self.seen_revision = 0
+        self.trust = as_trust(trust)
+        self.signers = list(sign or [])
+        if self.signers and self.trust is None:
+            raise BadArgumentError("signing needs the chain's trust root (trust=, --trust)")
+        self.sign_seconds = sign_seconds
+        self.head_signers: list[str] = []  # key ids that signed the last head read
 
     # ------------------------------------------------------------ manifests
 
@@ -69,7 +87,17 @@ class Chain:
         return sorted(r for r in found if r is not None)
 
     def manifest(self, revision: int) -> Manifest:
-        return parse_manifest(self.storage.read(revision_key(revision)), expected_revision=revision)
+        """Revision ``revision``, its signatures checked first if there is a trust policy."""
+        return self._checked(revision, self.storage.read(revision_key(revision)))
+
+    def _checked(self, revision: int, data: bytes) -> Manifest:
+        """Parse revision ``revision``'s bytes, after SG-1..SG-5 if there is a trust policy
+        (a writer skips freshness: it publishes the fresh revision)."""
+        if self.trust is not None:
+            self.head_signers = self.trust.check_revision(
+                self.storage, revision, data, fresh=not self.signers
+            )
+        return parse_manifest(data, expected_revision=revision)
 
     @property
     def url(self) -> str:
@@ -99,12 +127,19 @@ class Chain:
                 f"{self.seen_revision} read before"
             )
         data = self.storage.read(revision_key(revisions[-1]))
-        m = parse_manifest(data, expected_revision=revisions[-1])
+        m = self._checked(revisions[-1], data)
         self.seen_revision = m.revision
         return m, digest_bytes(data)
 
     def create_first(self, m: Manifest) -> Manifest:
-        if self.revisions() or not self.storage.create(revision_key(1), m.to_bytes()):
+        if self.revisions():
+            raise ConflictError(f"{self.storage.url}: a chain already exists here")
+        if self.trust is not None and self.signers:
+            root = self.trust.root
+            self.storage.create(root_key(root.version), root.to_bytes())
+            self.trust.update(self.storage)  # a newer root already stored must sign too
+        self._sign(m)
+        if not self.storage.create(revision_key(1), m.to_bytes()):
             raise ConflictError(f"{self.storage.url}: a chain already exists here")
         self.seen_revision = 1
         return m
@@ -115,11 +150,18 @@ class Chain:
             current = self.head()
             new = update(current)
             self._check_files(current, new)
+            self._sign(new)
             if self.storage.create(revision_key(new.revision), new.to_bytes()):
                 self.seen_revision = new.revision
                 return new
             time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
         raise ConflictError(f"{self.storage.url}: gave up after {PUBLISH_ATTEMPTS} lost races")
+
+    def _sign(self, m: Manifest) -> None:
+        """Store the signatures of ``m`` before ``m`` itself (WS-2)."""
+        if self.trust is not None and self.signers:
+            expires = format_time(time.time() + self.sign_seconds)
+            self.trust.sign(self.storage, m.revision, m.to_bytes(), self.signers, expires)
 
     def _check_files(self, old: Manifest, new: Manifest) -> None:
         """Every file ``new`` adds must already be stored with its recorded size."""

@@ -29,6 +29,11 @@ TEMPLATE_OPTIONS = (
     ("encoder", "--encoder", "'tool diff {base} {target} {out}'"),
     ("manifest", "--manifest", "'tool check {manifest}'"),
     ("manifest-store", "--manifest-store", "'tool check {manifest} --store {store}'"),
+    (
+        "manifest-trust",
+        "--manifest-trust",
+        "'tool check {manifest} --store {store} --trust {trust}'",
+    ),
     ("manifest-seen", "--manifest-seen", "'tool check {manifest} --after {seen}'"),
 )
 

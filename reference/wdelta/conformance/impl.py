@@ -24,6 +24,8 @@ from .. import api
 from ..chain.acceptance import check_after, stored_digests
 from ..chain.manifest import read_manifest
 from ..chain.ops import check_files
+from ..chain.signed_cli import check_signatures
+from ..chain.storage import LocalStorage
 from ..chain.store import Chain
 from ..errors import BadArgumentError, WdeltaError
 from .manifest import EXTRA_TEMPLATES, TEMPLATE_ROLES, template_of
@@ -76,6 +78,8 @@ class Templates:
     """Command templates by profile, e.g. ``{"decoder": "tool apply {base} {delta} {out}"}``.
 
     Manifest cases with a chain root (``{store}``) use the ``manifest-store``
+    Manifest cases with a chain root (``{store}``) use the ``manifest-store``
+    template, those with a trust root too (``{trust}``) the ``manifest-trust``
     template, those with a revision accepted before (``{seen}``) the
     ``manifest-seen`` template; without it they are not tested.
     """
@@ -172,7 +176,9 @@ class Reference:
 
 
 def _check_manifest(paths: Mapping[str, Path]) -> None:
-    """``wdelta chain check MANIFEST [--store STORE] [--after SEEN]`` in-process."""
+    """``wdelta chain check MANIFEST [--store STORE [--trust ROOT]] [--after SEEN]``."""
+    if "trust" in paths:
+        check_signatures(paths["manifest"], LocalStorage(paths["store"]), paths["trust"])
     m = read_manifest(paths["manifest"])
     with tempfile.TemporaryDirectory(prefix="wdelta-conformance-cache-") as tmp:
         chain = Chain(paths["store"], Path(tmp)) if "store" in paths else None

@@ -30,13 +30,16 @@ ROLES = {
     "encoder": ("base", "target", "out"),
     "manifest": ("manifest",),
 }
-# The manifest cases that need storage, or a revision seen before, run with a
-# template of their own: the extra role -> that template's name.
+# The manifest cases that need storage, a trust root or a revision seen before
+# run with a template of their own: the extra role -> that template's name (the
+# first role a case has decides: a signature case also has a store).
 STORE_TEMPLATE = "manifest-store"
 SEEN_TEMPLATE = "manifest-seen"
-EXTRA_TEMPLATES = {"store": STORE_TEMPLATE, "seen": SEEN_TEMPLATE}
+TRUST_TEMPLATE = "manifest-trust"
+EXTRA_TEMPLATES = {"trust": TRUST_TEMPLATE, "store": STORE_TEMPLATE, "seen": SEEN_TEMPLATE}
 TEMPLATE_ROLES = {**ROLES, STORE_TEMPLATE: ("manifest", "store"),
-                  SEEN_TEMPLATE: ("manifest", "seen")}  # fmt: skip
+                  SEEN_TEMPLATE: ("manifest", "seen"),
+                  TRUST_TEMPLATE: ("manifest", "store", "trust")}  # fmt: skip
 
 
 def template_of(profile: str, roles: Collection[str]) -> str:
@@ -44,7 +47,9 @@ def template_of(profile: str, roles: Collection[str]) -> str:
     return next((t for r, t in EXTRA_TEMPLATES.items() if r in roles), profile)
 
 
-CHAIN_CATEGORIES = ("manifest-invalid", "chain-broken", "not-found", "conflict")
+CHAIN_CATEGORIES = (
+    "manifest-invalid", "chain-broken", "not-found", "conflict", "signature-invalid", "frozen",
+)  # fmt: skip
 _HERE = Path(__file__).resolve().parent
 # An installed wheel carries the vectors inside the package; a source checkout
 # keeps them at the repository's top level.

@@ -16,7 +16,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import BadArgumentError, StorageError, UnsupportedFeatureError
+from ...errors import (
+    BadArgumentError,
+    ChecksumMismatchError,
+    StorageError,
+    UnsupportedFeatureError,
+)
 
 Progress = Callable[[int], None]
 STREAM_BLOCK = 1 << 20
@@ -109,6 +114,9 @@ def download(
     try:
         with open(part, "ab") as f:
             for block in storage.stream(key, have):
+                have += len(block)
+                if have > size:
+                    break  # endless data: never store more than the manifest's size
                 f.write(block)
                 if progress is not None:
                     progress(len(block))
@@ -116,5 +124,8 @@ def download(
             os.fsync(f.fileno())
     except OSError as exc:
         raise StorageError(f"cannot write {part}: {exc}") from exc
+    if have > size:
+        part.unlink()
+        raise ChecksumMismatchError(f"{key}: longer than the {size} bytes the manifest lists")
     if part.stat().st_size != size:
         raise StorageError(f"{key}: got {part.stat().st_size} bytes, expected {size}")

@@ -1,0 +1,155 @@
+"""Signature cases: a signed chain (SPEC §17.11) a reader with a trust policy must accept
+or refuse (SG-1 to SG-5).
+
+Every case is the storage cases' valid revision 2 (chains._store_chain) with its files,
+plus trust roots and signature objects; the trust root a node holds is the ``{trust}``
+input.  Keys come from fixed seeds and Ed25519 signatures are deterministic, so the
+vectors regenerate byte-identically.  Written here with ``cryptography`` and a
+canonical-JSON function of its own, not with the reference's signing module, so that
+the vectors check the reference rather than echo it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+import blake3
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from .chains import _key, _store_chain, _text
+from .suite import Suite, accepted, invalid, sha256
+
+Doc = dict[str, Any]
+RULE = ("SPEC §17.11: SG-1 to SG-5, a node with a trust policy accepts a revision only with "
+        "a threshold of valid, unexpired signatures of the keys of the newest root it reaches")
+CHAIN = "conformance/run"
+FAR, PAST = "2099-01-01T00:00:00Z", "2001-01-01T00:00:00Z"
+
+
+def _canonical(doc: Doc) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _private(name: str) -> Ed25519PrivateKey:
+    seed = hashlib.sha256(f"conformance {name}".encode()).digest()
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def _public(name: str) -> bytes:
+    return _private(name).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def keyid(name: str) -> str:
+    return hashlib.sha256(_public(name)).hexdigest()
+
+
+def _sign(name: str, payload: Doc) -> str:
+    return _private(name).sign(_canonical(payload)).hex()
+
+
+def root(version: int, keys: list[str], threshold: int, signers: list[str],
+         expires: str = FAR, chain: str = CHAIN) -> bytes:  # fmt: skip
+    public = {keyid(k): {"type": "ed25519", "public": _public(k).hex()} for k in keys}
+    signed = {"format": "wdelta-trust-root", "version": version, "chain": chain,
+              "expires": expires, "threshold": threshold, "keys": public}  # fmt: skip
+    sigs = [{"keyid": keyid(s), "sig": _sign(s, signed)} for s in signers]
+    return (json.dumps({"signed": signed, "signatures": sigs}, indent=2) + "\n").encode()
+
+
+def revision_signature(
+    name: str, manifest: bytes, revision: int = 2, expires: str = FAR, chain: str = CHAIN,
+    stored_as: str | None = None,
+) -> tuple[str, bytes]:  # fmt: skip
+    """(key, bytes) of ``name``'s signature object of ``manifest`` (under ``stored_as``'s id)."""
+    digest = blake3.blake3(manifest).hexdigest()
+    signed = {"format": "wdelta-revision", "chain": chain, "revision": revision,
+              "manifest": digest, "expires": expires}  # fmt: skip
+    doc = {"signed": signed, "keyid": keyid(name), "sig": _sign(name, signed)}
+    key = f"signatures/{digest}/{keyid(stored_as or name)}.json"
+    return key, (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def _flip_sig(item: tuple[str, bytes]) -> tuple[str, bytes]:
+    key, data = item
+    doc = json.loads(data)
+    doc["sig"] = ("0" if doc["sig"][0] != "0" else "1") + doc["sig"][1:]
+    return key, (json.dumps(doc, indent=2) + "\n").encode()
+
+
+# name: (what, trust file, extra stored objects for manifest bytes M, expected)
+Case = tuple[str, bytes, Callable[[bytes], list[tuple[str, bytes]]], dict[str, Any]]
+ROOT1 = root(1, ["alice"], 1, ["alice"])
+ROOT2_BOB = root(2, ["bob"], 1, ["alice", "bob"])
+ROOT3 = root(1, ["alice", "bob", "carol"], 2, ["alice", "bob"])
+
+CASES: dict[str, Case] = {
+    "valid": ("signed by the one key of the trust root", ROOT1,
+              lambda m: [revision_signature("alice", m)], accepted()),
+    "threshold-met": ("2 of 3 keys signed (alice, carol)", ROOT3,
+                      lambda m: [revision_signature("alice", m), revision_signature("carol", m)],
+                      accepted()),
+    "rotated-key": ("root 2 (signed by root 1's alice and its own bob) trusts bob; bob signed",
+                    ROOT1, lambda m: [("trust/root-000000000002.json", ROOT2_BOB),
+                                      revision_signature("bob", m)], accepted()),
+    "unsigned": ("SG-4: no signature object at all", ROOT1, lambda m: [],
+                 invalid("signature-invalid")),
+    "wrong-key": ("SG-4: signed by a key the root does not list (stored under its own id and "
+                  "under the trusted key's id)", ROOT1,
+                  lambda m: [revision_signature("mallory", m),
+                             revision_signature("mallory", m, stored_as="alice")],
+                  invalid("signature-invalid")),
+    "tampered-signature": ("SG-4: the signature's first hex digit changed", ROOT1,
+                           lambda m: [_flip_sig(revision_signature("alice", m))],
+                           invalid("signature-invalid")),
+    "wrong-revision": ("SG-4: the signature names revision 3", ROOT1,
+                       lambda m: [revision_signature("alice", m, revision=3)],
+                       invalid("signature-invalid")),
+    "wrong-chain": ("SG-4: the signature names another chain", ROOT1,
+                    lambda m: [revision_signature("alice", m, chain="other/run")],
+                    invalid("signature-invalid")),
+    "threshold-not-met": ("SG-4: 1 of the 2 signatures a 2-of-3 root needs", ROOT3,
+                          lambda m: [revision_signature("alice", m)],
+                          invalid("signature-invalid")),
+    "revoked-key": ("SG-2, SG-4: root 2 drops alice, who signed", ROOT1,
+                    lambda m: [("trust/root-000000000002.json", ROOT2_BOB),
+                               revision_signature("alice", m)], invalid("signature-invalid")),
+    "root-not-signed-by-previous": (
+        "SG-2: root 2 is signed by its own bob only, not by root 1's alice", ROOT1,
+        lambda m: [("trust/root-000000000002.json", root(2, ["bob"], 1, ["bob"])),
+                   revision_signature("bob", m)], invalid("signature-invalid")),
+    "expired": ("SG-5: the only signature expired in 2001", ROOT1,
+                lambda m: [revision_signature("alice", m, expires=PAST)], invalid("frozen")),
+    "root-expired": ("SG-3: the trust root expired in 2001", root(1, ["alice"], 1, ["alice"], PAST),
+                     lambda m: [revision_signature("alice", m)], invalid("frozen")),
+}  # fmt: skip
+
+
+def _add(suite: Suite, name: str, what: str, manifest: bytes, trust: bytes,
+         store: dict[str, bytes], expect: dict[str, Any]) -> None:  # fmt: skip
+    folder = f"chain/sig-{name}"
+    path = suite.blob(f"{folder}/{_key(2)}", manifest)
+    trust_path = suite.blob(f"{folder}/trust-root.json", trust)
+    for key, data in store.items():
+        suite.blob(f"{folder}/store/{key}", data)
+    root_dir = f"vectors/{folder}/store"
+    listing = {k: sha256(v) for k, v in sorted(store.items())}
+    suite.inputs[root_dir] = {"path": root_dir, "files": listing}
+    suite.add(f"manifest/signed/{name}", "manifest", what, "§17.11", RULE,
+              {"manifest": path, "store": root_dir, "trust": trust_path}, expect)  # fmt: skip
+
+
+def add_signature_cases(suite: Suite) -> None:
+    files, doc = _store_chain()
+    manifest = _text(doc)
+    for name, (what, trust, extra, expect) in CASES.items():
+        _add(suite, name, what, manifest, trust, {**files, **dict(extra(manifest))}, expect)
+    tampered = manifest.replace(b"2026-01-02T03:04:05Z", b"2026-01-02T03:04:06Z")
+    assert tampered != manifest
+    signed_original = dict([revision_signature("alice", manifest)])
+    _add(suite, "tampered-byte", "SG-4: one digit of the manifest's 'updated' changed after "
+         "alice signed it", tampered, ROOT1, {**files, **signed_original},
+         invalid("signature-invalid"))  # fmt: skip

@@ -1,0 +1,88 @@
+"""Helpers for the signed-chain tests: fixed test keys, roots, a small signed chain
+and a node that pulled it with a trust policy."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chainkit import Trainer
+from wdelta import chain
+from wdelta.chain import signing, trust
+
+FAR = "2099-01-01T00:00:00Z"
+PAST = "2001-01-01T00:00:00Z"
+
+
+def key(name: str) -> signing.SigningKey:
+    """A fixed test key derived from ``name`` (Ed25519 signatures are deterministic)."""
+    return signing.SigningKey(hashlib.sha256(f"wdelta test key {name}".encode()).digest())
+
+
+def root_file(
+    path: Path, chain_id: str, keys: list[str], threshold: int = 1,
+    signers: list[str] | None = None, previous: trust.Root | None = None, expires: str = FAR,
+) -> trust.Root:  # fmt: skip
+    r = trust.make_root(
+        chain_id, [key(k).public for k in keys], threshold, expires,
+        [key(k) for k in signers or keys], previous,
+    )  # fmt: skip
+    path.write_bytes(r.to_bytes())
+    return r
+
+
+@dataclass
+class Signed:
+    """A signed local-folder chain (versions 0, 1) and a node at version 1."""
+
+    tmp: Path
+    trainer: Trainer
+    store: Path
+    root: Path
+    ckpts: list[Path]
+    node: Path
+    signers: list[str] = field(default_factory=lambda: ["alice"])
+
+    def writer(self, sign_seconds: float = 3600.0, signers: list[str] | None = None) -> chain.Chain:
+        keys = [key(k) for k in signers or self.signers]
+        return chain.Chain(self.store, self.tmp / "wcache", trust=self.root, sign=keys,
+                           sign_seconds=sign_seconds)  # fmt: skip
+
+    def next_checkpoint(self) -> Path:
+        n = len(self.ckpts)
+        self.trainer.step(n)
+        self.ckpts.append(self.trainer.save(self.tmp / f"c{n}.safetensors"))
+        return self.ckpts[-1]
+
+    def publish(self, sign_seconds: float = 3600.0, signers: list[str] | None = None) -> Path:
+        """Append the next checkpoint, signed; returns it."""
+        base = self.ckpts[-1]
+        new = self.next_checkpoint()
+        chain.append(self.writer(sign_seconds, signers), new, base)
+        return new
+
+    def node_chain(self, root: Path | None = None) -> chain.Chain:
+        return chain.Chain(self.store, self.tmp / "ncache", trust=root or self.root)
+
+    def pull(self, c: chain.Chain | None = None) -> chain.PullResult:
+        return chain.pull(c or self.node_chain(), self.node)
+
+
+def signed_chain(
+    tmp: Path, keys: list[str] | None = None, threshold: int = 1,
+    signers: list[str] | None = None, chain_id: str = "test/run",
+) -> Signed:  # fmt: skip
+    keys = keys or ["alice"]
+    t = Trainer(rows=16, cols=64)
+    c0 = t.save(tmp / "c0.safetensors")
+    root = tmp / "root.json"
+    root_file(root, chain_id, keys, threshold)
+    s = Signed(tmp, t, tmp / "store", root, [c0], tmp / "node" / "m.safetensors",
+               signers or keys[:threshold])  # fmt: skip
+    chain.init(s.writer(), c0)
+    s.publish()
+    s.node.parent.mkdir()
+    s.pull()
+    assert s.node.read_bytes() == s.ckpts[1].read_bytes()
+    return s

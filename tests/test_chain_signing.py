@@ -1,0 +1,247 @@
+"""Keys, canonical form, roots and revision signatures (SPEC.md §17.11), and the signing
+commands through a subprocess, including their unhappy paths."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from signkit import FAR, key, root_file, signed_chain
+from wdelta import chain
+from wdelta.chain import signing, trust
+from wdelta.chain.trust import Trust, revision_payload, sign_revision, signature_key
+from wdelta.digest import digest_bytes
+from wdelta.errors import WdeltaError
+
+
+def test_canonical_form_is_sorted_compact_ascii() -> None:
+    doc = {"z": 1, "a": {"y": "b", "b": 2}, "format": "x"}
+    assert signing.canonical(doc) == b'{"a":{"b":2,"y":"b"},"format":"x","z":1}'
+
+
+def test_key_id_is_sha256_of_the_raw_public_key() -> None:
+    k = key("alice")
+    assert k.public.keyid == hashlib.sha256(k.public.raw).hexdigest()
+    assert len(k.public.raw) == 32
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 199), st.integers(0, 7))
+def test_a_signature_verifies_only_its_payload(payload: bytes, at: int, bit: int) -> None:
+    k = key("alice")
+    sig = k.sign(payload)
+    assert sig == k.sign(payload)  # deterministic: vectors regenerate byte-identically
+    assert k.public.verify(sig, payload)
+    assert not key("bob").public.verify(sig, payload)
+    if payload:
+        flipped = bytearray(payload)
+        flipped[at % len(payload)] ^= 1 << bit
+        assert not k.public.verify(sig, bytes(flipped))
+    assert not k.public.verify("zz" * 64, payload)
+
+
+def test_make_root_checks_thresholds(tmp_path: Path) -> None:
+    with pytest.raises(WdeltaError) as info:
+        root_file(tmp_path / "r.json", "c", ["alice", "bob"], 2, signers=["alice"])
+    assert info.value.category == "signature-invalid"
+    with pytest.raises(WdeltaError) as info:
+        root_file(tmp_path / "r.json", "c", ["alice"], 2)
+    assert info.value.category == "bad-argument"
+    old = root_file(tmp_path / "r1.json", "c", ["alice"])
+    with pytest.raises(WdeltaError) as info:  # the old keys must sign the new root
+        root_file(tmp_path / "r2.json", "c", ["bob"], 1, ["bob"], previous=old)
+    assert info.value.category == "signature-invalid"
+    new = root_file(tmp_path / "r2.json", "c", ["bob"], 1, ["alice", "bob"], previous=old)
+    assert new.version == 2 and chain.read_root_file(tmp_path / "r2.json") == new
+
+
+def test_tampered_root_file_is_refused(tmp_path: Path) -> None:
+    root_file(tmp_path / "r.json", "c", ["alice"])
+    doc = json.loads((tmp_path / "r.json").read_text())
+    doc["signed"]["threshold"] = 1
+    doc["signed"]["expires"] = "2098-01-01T00:00:00Z"
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    with pytest.raises(WdeltaError) as info:
+        chain.read_root_file(tmp_path / "r.json")
+    assert info.value.category == "signature-invalid"
+
+
+def test_revision_signature_binds_chain_revision_digest(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    storage = chain.LocalStorage(s.store)
+    policy = Trust.from_file(s.root)
+    data = (s.store / "manifests" / "rev-000000000002.json").read_bytes()
+    assert policy.check_revision(storage, 2, data) == [key("alice").public.keyid]
+    with pytest.raises(WdeltaError, match="0 valid"):
+        policy.check_revision(storage, 3, data)  # the same bytes as another revision
+    with pytest.raises(WdeltaError, match="0 valid"):
+        policy.check_revision(storage, 2, data + b" ")  # a byte more
+    with pytest.raises(WdeltaError) as info:
+        policy.check_revision(storage, 2, data, now=4102444800.0 + 10**8)
+    assert info.value.category == "frozen"
+    # Writers skip freshness (they publish the fresh revision), never validity.
+    assert policy.check_revision(storage, 2, data, now=4102444800.0 + 10**8, fresh=False)
+
+
+def test_threshold_two_of_three_and_co_signing(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path, keys=["alice", "bob", "carol"], threshold=2)
+    s.publish(signers=["alice"])  # one signer so far: not yet accepted
+    with pytest.raises(WdeltaError, match="1 valid signatures of trusted keys, 2 needed"):
+        s.pull()
+    data = (s.store / "manifests" / "rev-000000000003.json").read_bytes()
+    storage = chain.LocalStorage(s.store)
+    Trust.from_file(s.root).sign(storage, 3, data, [key("bob")], FAR)  # the second place
+    assert s.pull().version.number == 2
+
+
+def test_a_signature_object_in_the_way_is_a_conflict(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    data = (s.store / "manifests" / "rev-000000000002.json").read_bytes()
+    policy, storage = Trust.from_file(s.root), chain.LocalStorage(s.store)
+    policy.sign(storage, 2, data, [key("alice")], FAR)  # an identical-key re-sign is fine
+    other = sign_revision(key("alice"), revision_payload("test/run", 1, data, FAR))
+    (s.store / signature_key(digest_bytes(data), other.keyid)).write_bytes(other.to_bytes())
+    with pytest.raises(WdeltaError) as info:
+        policy.sign(storage, 2, data, [key("alice")], FAR)
+    assert info.value.category == "conflict"
+
+
+def test_api_trust_on_pull_load_and_follow_weights(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    weights, v = chain.load(chain.Chain(s.store, tmp_path / "lcache"), trust=s.root)
+    assert v.number == 1
+    s.publish()
+    seen: list[str] = []
+    follower = chain.follow_weights(
+        chain.Chain(s.store, tmp_path / "fcache"), weights, at=1, trust=s.root, interval=0,
+        max_polls=2, backoff=(0.0, 0.0), on_error=lambda e, n: seen.append(e.category),
+    )  # fmt: skip
+    assert next(follower).number == 2
+    evil = s.next_checkpoint()
+    chain.append(chain.Chain(s.store, tmp_path / "ecache"), evil, s.ckpts[-2])
+    assert list(follower) == [] and seen == ["signature-invalid"]  # weights stay at 2
+    for call in (
+        lambda: chain.load(chain.Chain(s.store, tmp_path / "lcache"), trust=s.root),
+        lambda: chain.pull(chain.Chain(s.store, tmp_path / "pcache"), s.node, trust=s.root),
+    ):
+        with pytest.raises(WdeltaError) as info:
+            call()
+        assert info.value.category == "signature-invalid"
+    assert chain.load(chain.Chain(s.store, tmp_path / "lcache"))[1].number == 3  # no policy
+
+
+# ---------------------------------------------------------------- command line
+
+WDELTA = [sys.executable, "-m", "wdelta", "chain"]
+
+
+def wd(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WDELTA, *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)  # fmt: skip
+
+
+def test_cli_publish_signed_pull_rotate(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)  # the checkpoints; the chain is rebuilt through the CLI
+    for name in ("alice", "bob"):
+        r = wd("keygen", f"{name}.key", cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.startswith("key "), r.stderr
+        assert os.stat(tmp_path / f"{name}.key").st_mode & 0o077 == 0
+    assert wd("root", "r1.json", "--chain-id", "acme/run", "--key", "alice.key.pub",
+              "--sign", "alice.key", cwd=tmp_path).returncode == 0  # fmt: skip
+    signed = ("--trust", "r1.json", "--sign", "alice.key")
+    assert wd("init", "cli", s.ckpts[0], *signed, cwd=tmp_path).returncode == 0
+    assert wd("append", "cli", s.ckpts[1], "--base", s.ckpts[0], *signed,
+              cwd=tmp_path).returncode == 0  # fmt: skip
+    r = wd("pull", "cli", "n.safetensors", "--trust", "r1.json", cwd=tmp_path)
+    assert r.returncode == 0 and "version 1" in r.stdout and r.stderr == "", r.stderr
+    r = wd("pull", "cli", "m.safetensors", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr.count("not authenticated") == 1
+    r = wd("log", "cli", "--trust", "r1.json", cwd=tmp_path)
+    assert f"signed by {key_of(tmp_path / 'alice.key.pub')[:16]}" in r.stdout
+    assert "(unverified" in wd("log", "cli", cwd=tmp_path).stdout
+    # Rotation: alice hands over to bob; bob co-signs the head, then publishes.
+    assert wd("root", "r2.json", "--previous", "r1.json", "--key", "bob.key.pub",
+              "--sign", "alice.key", "--sign", "bob.key", cwd=tmp_path).returncode == 0  # fmt: skip
+    assert wd("rotate", "cli", "r2.json", cwd=tmp_path).returncode == 0
+    r = wd("pull", "cli", "n.safetensors", "--trust", "r1.json", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith("error: signature-invalid: "), r.stderr
+    r = wd("sign", "cli", "--trust", "r1.json", "--sign", "bob.key", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = wd("append", "cli", s.next_checkpoint(), "--base", s.ckpts[1], "--trust", "r1.json",
+           "--sign", "bob.key", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = wd("pull", "cli", "n.safetensors", "--trust", "r1.json", cwd=tmp_path)
+    assert r.returncode == 0 and "version 2" in r.stdout, r.stderr
+    r = wd("refresh", "cli", "--trust", "r1.json", "--sign", "bob.key", cwd=tmp_path)
+    assert r.returncode == 0 and "signatures renewed" in r.stdout, r.stderr
+
+
+def key_of(public: Path) -> str:
+    return signing.load_public_key(public).keyid
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("keys")
+    signing.write_json(d / "k", key("alice").to_json(), private=True)
+    signing.write_json(d / "k.pub", key("alice").public.to_json())
+    (d / "open.key").write_text(json.dumps(key("alice").to_json()))
+    os.chmod(d / "open.key", 0o644)
+    (d / "page.html").write_text("<!doctype html><html><body>Sign in</body></html>\n")
+    (d / "x.wdelta").write_bytes(b"WDELTA\x00\x01" + bytes(56))
+    root_file(d / "root.json", "acme/run", ["alice"])
+    return d
+
+
+@pytest.mark.parametrize(
+    ("args", "category", "words"),
+    [
+        (("append", "s", "c.st", "--base", "b.st", "--sign", "k"), "bad-argument", "trust root"),
+        (("append", "s", "c.st", "--base", "b.st", "--trust", "root.json", "--sign", "missing"),
+         "io-error", "missing"),
+        (("append", "s", "c.st", "--base", "b.st", "--trust", "root.json", "--sign", "x.wdelta"),
+         "bad-argument", "not a signing key file"),
+        (("append", "s", "c.st", "--base", "b.st", "--trust", "root.json", "--sign", "open.key"),
+         "bad-argument", "chmod 600"),
+        (("append", "s", "c.st", "--base", "b.st", "--trust", "root.json", "--sign", "k.pub"),
+         "bad-argument", "a public key, not a private"),
+        (("pull", "s", "n.st", "--trust", "k"), "bad-argument", "not a trust root"),
+        (("pull", "s", "n.st", "--trust", "page.html"), "bad-argument", "not a trust root"),
+        (("pull", "s", "n.st", "--trust", "."), "bad-argument", "folder"),
+        (("sign", "s", "--trust", "root.json", "--sign", "page.html"), "bad-argument",
+         "not a signing key file"),
+        (("root", "r.json", "--chain-id", "bad id", "--key", "k.pub", "--sign", "k"),
+         "bad-argument", "invalid root"),
+        (("root", "r.json", "--chain-id", "c", "--key", "k", "--sign", "k"), "bad-argument",
+         "not a public key"),
+        (("keygen", "k"), "bad-argument", "exists"),
+        (("rotate", "s", "page.html"), "bad-argument", "not a trust root"),
+    ],
+)  # fmt: skip
+def test_cli_unhappy_paths(keys: Path, args: tuple[str, ...], category: str, words: str) -> None:
+    r = wd(*args, cwd=keys)
+    assert r.returncode == (2 if category == "bad-argument" else 1), r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {category}: "), r.stderr
+    assert words in lines[0], lines[0]
+    assert not (keys / "r.json").exists() and not (keys / "s").exists()
+
+
+def test_trust_module_rejects_a_root_walk_that_skips_a_chain(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    old = chain.read_root_file(s.root)
+    other = trust.make_root("other/run", [key("alice").public], 1, FAR, [key("alice")], None)
+    doc = other.to_json()
+    doc["signed"]["version"] = 2
+    (s.store / "trust" / "root-000000000002.json").write_text(json.dumps(doc))
+    with pytest.raises(WdeltaError) as info:
+        Trust(old).update(chain.LocalStorage(s.store))
+    assert info.value.category == "signature-invalid" and "other/run" in str(info.value)
