@@ -250,6 +250,10 @@ def test_pull_refuses_a_rewritten_revision(
     state.parent.mkdir()
     chain.pull(store, local, state=state)
     assert not acceptance.state_beside(local).exists()
+    for wrong in (local, store / "accepted.json", store):
+        with pytest.raises(wdelta.BadArgumentError, match="overlaps"):
+            chain.pull(store, local, state=wrong)
+    assert local.read_bytes() == ckpts[3].read_bytes()
     rewrite(store, 4)
     with pytest.raises(chain.ManifestInvalidError, match="chain forked: revision 4 is now"):
         chain.pull(store, local, state=state)
