@@ -13,6 +13,7 @@ revision itself.
 from __future__ import annotations
 
 import calendar
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -75,8 +76,6 @@ class Root:
         return {"signed": self.signed(), "signatures": sigs}
 
     def to_bytes(self) -> bytes:
-        import json
-
         return (json.dumps(self.to_json(), indent=2) + "\n").encode()
 
     def signers(self, payload: bytes, signatures: list[tuple[str, str]]) -> set[str]:
@@ -171,8 +170,6 @@ class RevisionSignature:
     sig: str
 
     def to_bytes(self) -> bytes:
-        import json
-
         doc = {"signed": self.signed, "keyid": self.keyid, "sig": self.sig}
         return (json.dumps(doc, indent=2) + "\n").encode()
 
