@@ -43,7 +43,7 @@ from .partial_snapshot import extract_remote
 from .storage.base import Progress
 from .storage.local import LocalStorage
 from .store import Chain, as_chain
-from .trust import Trust, as_trust
+from .trust import Trust, as_trust, root_state_beside
 
 _REPLANS = 3
 
@@ -236,6 +236,9 @@ def pull(
     or a ``acceptance.Tracker`` shared by several pulls.  A head lower than
     the accepted revision, or a rewritten one, is refused (manifest-invalid)
     unless ``accept_rollback`` (once: the new head is recorded instead).
+    With a trust policy (and ``state`` not False) the newest trust root
+    accepted is kept in ``.NAME.wdelta-root.json`` beside ``local`` and the
+    next pull starts from it (SG-2), so a revocation survives a restart.
     """
     chain, local = as_chain(chain), as_path(local, "local")
     if trust is not None:
@@ -247,6 +250,11 @@ def pull(
         chain.cache = local.parent / ".wdelta-cache"
     check_local(chain, local)
     tracker = _tracker(chain, state, local, accept_rollback)
+    roots = None if chain.trust is None or state is False else root_state_beside(local)
+    if roots is not None and chain.trust is not None:
+        chain.trust.resume(roots)
+        chain.trust.update(chain.storage)  # SG-2 now, so that a newer root is kept even if
+        chain.trust.persist(roots)  # the revision is then refused
     for attempt in range(_REPLANS):
         m, digest = tracker.head(chain)
         p = _Puller(
