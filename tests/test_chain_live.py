@@ -166,6 +166,97 @@ def test_partial_follow_keeps_only_selected_tensors(tmp_path: Path) -> None:
         next(chain.follow_weights(new_chain(tmp_path), weights, tensors=pattern, max_polls=1))
 
 
+def _bigger_state(seed: int) -> dict[str, Any]:
+    """A model whose selected tensors are a small part of each link."""
+    return {
+        "model.embed_tokens.weight": random_tensor(torch.bfloat16, (512, 256), seed),
+        "model.layers.0.mlp.up_proj.weight": random_tensor(torch.bfloat16, (32, 48), seed + 1),
+        "model.layers.1.mlp.up_proj.weight": random_tensor(torch.bfloat16, (256, 256), seed + 2),
+    }
+
+
+def test_partial_follow_reads_only_its_blobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank applies each link from ranged reads of its header and its own tensors'
+    blobs: no whole link is downloaded, far fewer bytes than the links are read, and a
+    corrupted blob of its tensors is refused (weights untouched) while one of another
+    rank's tensors is never read."""
+    c = new_chain(tmp_path)
+    pub = chain.Publisher(c, options=chain.AppendOptions(chunk_elements=4096))
+    published = [_bigger_state(0)]
+    pub.publish(published[0])
+    pattern = "model.layers.0.*"
+    weights, v0 = chain.load(new_chain(tmp_path), tensors=pattern, device="cpu")
+    for k in range(1, 3):
+        published.append({n: stepped(t, k, 0.3) for n, t in published[-1].items()})
+        m = pub.publish(published[-1])
+    node = new_chain(tmp_path, "store")
+    node.cache = tmp_path / "rank-cache"
+    read: list[int] = []
+    real = type(node.storage).read_range
+
+    def counting(self: Any, key: str, offset: int, length: int) -> bytes:
+        read.append(length)
+        return real(self, key, offset, length)
+
+    monkeypatch.setattr(type(node.storage), "read_range", counting)
+    stored = tmp_path / "store" / m.links[-1].key
+    good = stored.read_bytes()
+    with wdelta.open_delta(stored) as d:
+        blob = {t.name: t.chunks[-1] for t in d.header.tensors}
+        at = {n: d.data_start + c.offset + c.length // 2 for n, c in blob.items()}
+    errors: list[str] = []
+
+    def corrupt(name: str) -> None:
+        bad = bytearray(good)
+        bad[at[name]] ^= 1
+        stored.write_bytes(bytes(bad))
+
+    def report(exc: WdeltaError, failures: int) -> None:
+        errors.append(exc.category)
+        assert same(weights, {n: published[1][n] for n in weights})  # never a mix
+        corrupt("model.embed_tokens.weight")  # not this rank's: never read
+
+    corrupt("model.layers.0.mlp.up_proj.weight")
+    got = chain.follow_weights(
+        node, weights, at=v0.number, tensors=pattern, interval=0, max_polls=2,
+        backoff=(0.01, 0.01), on_error=report,
+    )  # fmt: skip
+    assert [v.number for v in got] == [1, 2]
+    assert errors == ["checksum-mismatch"]
+    assert same(weights, {n: published[2][n] for n in weights})
+    assert not any(node.is_cached(link.digest) for link in m.links)
+    assert 0 < sum(read) < sum(link.size for link in m.links) / 4
+
+
+@pytest.mark.parametrize(("pattern", "start"), [(None, 0), ("model.layers.0.*", 0), (None, 1)])
+def test_follow_jumps_to_a_snapshot_when_no_links_lead_on(
+    tmp_path: Path, pattern: str | None, start: int
+) -> None:
+    """Links pruned away (and the node's version too, from 1): the node pulls the head
+    (a snapshot), diffs it against its weights in memory and applies that in place;
+    the same tensor objects end at the head."""
+    c = new_chain(tmp_path)
+    pub = chain.Publisher(c)
+    published = [state(0)]
+    pub.publish(published[0])
+    for k in range(1, 4):
+        published.append(next_state(published[-1], k))
+        pub.publish(published[-1], snapshot=k == 3)
+        if k == 1:
+            weights, v0 = chain.load(new_chain(tmp_path), to=start, tensors=pattern, device="cpu")
+            ids = {n: id(t) for n, t in weights.items()}
+    m, _ = chain.prune(c, chain.Policy(snapshot_every=1000, keep_links=0, keep_revisions=1))
+    assert m.links == () and [v.number for v in m.versions] == [0, 3]
+    got = chain.follow_weights(
+        new_chain(tmp_path), weights, at=v0.number, tensors=pattern, interval=0, max_polls=1
+    )  # fmt: skip
+    assert [v.number for v in got] == [3]
+    assert same(weights, {n: published[3][n] for n in weights})
+    assert {n: id(t) for n, t in weights.items()} == ids
+
+
 def test_load_without_a_cache_leaves_none_behind(tmp_path: Path) -> None:
     c = new_chain(tmp_path)
     chain.Publisher(c).publish(state(0))

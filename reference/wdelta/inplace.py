@@ -38,7 +38,7 @@ import contextlib
 import os
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from . import decoder
 from . import tensors as live
 from .arguments import check_int, check_mapping
 from .checkpoint.source import Words
-from .container import DeltaFile, open_delta
+from .container import open_delta
 from .digest import new_hasher
 from .encodings import chunk as chunk_codec
 from .encodings import sparse, transform
@@ -57,8 +57,18 @@ from .errors import (
     EncodingInvalidError,
     WdeltaError,
 )
+from .header import Chunk, Header
 from .pipeline import ordered_map
 from .tensors import Select, Slot, selector
+
+
+class Delta(Protocol):
+    """What an in-place apply reads of a delta: an open ``DeltaFile``, or a stored
+    delta read with ranged requests (``chain.remote_delta``)."""
+
+    header: Header
+
+    def payload(self, chunk: Chunk) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -76,7 +86,7 @@ class _Task:
 class _Journal:
     """Chunks written so far, to undo newest first; ``full`` chunks keep old words."""
 
-    delta: DeltaFile
+    delta: Delta
     reverse: bool
     done: list[tuple[_Task, Words | None]] = field(default_factory=list)
 
@@ -167,7 +177,7 @@ class _Decoded:
     old: Words | None = None
 
 
-def _decode(delta: DeltaFile, task: _Task, reverse: bool) -> _Decoded:
+def _decode(delta: Delta, task: _Task, reverse: bool) -> _Decoded:
     """A sparse chunk touches only its changed words (gathered, transformed, scattered
     back by the caller); other encodings rebuild the whole chunk."""
     chunk = task.step.chunk(task.index)
@@ -211,7 +221,7 @@ def _check_output(slot: Slot, step: decoder.Step) -> None:
         raise ChecksumMismatchError(f"tensor {step.entry.name!r}: decoded bytes do not match")
 
 
-def _write_chunk(delta: DeltaFile, task: _Task, journal: _Journal) -> _Task:
+def _write_chunk(delta: Delta, task: _Task, journal: _Journal) -> _Task:
     """Decode one chunk and write it in place (on a worker thread), journalled.
 
     A write that fails (a device error, say) may have stored part of the chunk,
@@ -232,7 +242,7 @@ def _write_chunk(delta: DeltaFile, task: _Task, journal: _Journal) -> _Task:
 
 
 def _update(
-    delta: DeltaFile, steps: list[decoder.Step], slots: dict[str, Slot], journal: _Journal,
+    delta: Delta, steps: list[decoder.Step], slots: dict[str, Slot], journal: _Journal,
     threads: int, verify: bool,
 ) -> None:  # fmt: skip
     """Write every modified tensor in place, chunks decoded and written by the
@@ -253,7 +263,7 @@ def _update(
 
 
 def _build_added(
-    delta: DeltaFile, steps: list[decoder.Step], device: Any, verify: bool
+    delta: Delta, steps: list[decoder.Step], device: Any, verify: bool
 ) -> dict[str, Any]:
     """New tensors (output side only), decoded and checked before the commit."""
     added: dict[str, Any] = {}
@@ -324,25 +334,34 @@ def apply_inplace(
     check_mapping(weights, "weights", mutable=True)
     check_int(threads, "threads", 1)
     with open_delta(delta) as d:
-        keep = selector(tensors)
-        steps = [s for s in decoder.plan_steps(d.header, reverse) if keep(s.entry.name)]
-        slots = _slots(weights)
-        _check_structure(slots, steps)
-        steps = _dedupe_tied(steps, slots)
-        implied = [not verify_input and _implied(s, verify_output) for s in steps]
-        later = [s for s, skip in zip(steps, implied, strict=True) if skip]
-        _verify_inputs([s for s, skip in zip(steps, implied, strict=True) if not skip], slots,
-                       threads)  # fmt: skip
-        journal = _Journal(d, reverse)
-        try:
-            _update(d, steps, slots, journal, threads, verify_output)
-            added = _build_added(d, steps, live.torch_device(weights), verify_output)
-        except BaseException as exc:
-            journal.undo()
-            if isinstance(exc, WdeltaError):
-                _verify_inputs(later, slots, threads)  # a wrong input is the cause to name
-            raise
-        for step in steps:
-            if step.dst_digest is None:
-                del weights[step.entry.name]
-        weights.update(added)
+        apply_opened(weights, d, reverse, verify_output=verify_output,
+                     verify_input=verify_input, threads=threads, tensors=tensors)  # fmt: skip
+
+
+def apply_opened(
+    weights: MutableMapping[str, Any], d: Delta, reverse: bool, *, verify_output: bool,
+    verify_input: bool, threads: int, tensors: Select,
+) -> None:  # fmt: skip
+    """:func:`apply_inplace` of an opened delta (arguments already checked)."""
+    keep = selector(tensors)
+    steps = [s for s in decoder.plan_steps(d.header, reverse) if keep(s.entry.name)]
+    slots = _slots(weights)
+    _check_structure(slots, steps)
+    steps = _dedupe_tied(steps, slots)
+    implied = [not verify_input and _implied(s, verify_output) for s in steps]
+    later = [s for s, skip in zip(steps, implied, strict=True) if skip]
+    _verify_inputs([s for s, skip in zip(steps, implied, strict=True) if not skip], slots,
+                   threads)  # fmt: skip
+    journal = _Journal(d, reverse)
+    try:
+        _update(d, steps, slots, journal, threads, verify_output)
+        added = _build_added(d, steps, live.torch_device(weights), verify_output)
+    except BaseException as exc:
+        journal.undo()
+        if isinstance(exc, WdeltaError):
+            _verify_inputs(later, slots, threads)  # a wrong input is the cause to name
+        raise
+    for step in steps:
+        if step.dst_digest is None:
+            del weights[step.entry.name]
+    weights.update(added)

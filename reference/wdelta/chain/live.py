@@ -12,6 +12,9 @@ as a file on local disk (no RAM, but the full checkpoint written per step).
 version is applied with ``apply_inplace`` (all or nothing, every digest
 checked), so a failed download or a corrupted link leaves the weights at the
 previous version; the error is reported and the step retried with backoff.
+A partial mapping (a tensor-parallel rank) reads only its tensors' blobs of
+each link (ranged requests, ``remote_delta``); a node whose version has no
+links to the head (pruned) jumps there through a snapshot pulled into memory.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ..decoder import init_file
 from ..digest import TensorIdentity, checkpoint_digest
 from ..dtypes import to_numpy
 from ..errors import BadArgumentError, WdeltaError
-from ..inplace import apply_inplace
+from ..inplace import apply_inplace, apply_opened
 from ..output_file import pwrite_all
 from ..pipeline import ordered_map
 from ..tensors import Select, Slot
@@ -42,9 +45,10 @@ from . import graph
 from .acceptance import Tracker
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import fetch_link
-from .manifest import Manifest, Version
+from .manifest import Link, Manifest, Version
 from .ops import AppendOptions, append_delta, init
 from .pull import pull
+from .remote_delta import RemoteDelta
 from .storage.base import Progress
 from .store import Chain, as_chain
 from .trust import Trust, as_trust
@@ -206,36 +210,79 @@ def load(
         return _load_all(local, tensors, device), result.version
 
 
-def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partial: bool) -> Version:
+def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partial: bool) -> int:
+    """The number of the weights' version; a number pruned from the manifest is kept
+    (the node then jumps to the head, see :func:`_jump`)."""
+    if isinstance(at, int) and not isinstance(at, bool) and 0 <= at <= m.head.number:
+        return at
     if at is not None:
-        return m.version(at)
+        return m.version(at).number
     if partial:
         raise BadArgumentError("a partial mapping cannot be hashed to its version: pass at=")
     digest = weights_digest(weights)
     found = m.by_digest(digest)
     if found is None:
         raise NotFoundError(f"the weights (digest {digest[:16]}) are not a version of the chain")
-    return found
+    return found.number
 
 
 def _advance(
-    chain: Chain, tracker: Tracker, weights: MutableMapping[str, Any], current: Version,
+    chain: Chain, tracker: Tracker, weights: MutableMapping[str, Any], current: int,
     tensors: Select, threads: int,
 ) -> Iterator[Version]:  # fmt: skip
     """Apply the links from ``current`` to the head, yielding each version reached;
     the head revision is accepted once the weights reached its head."""
     m, digest = tracker.head(chain)
-    plan = graph.cheapest_path(
-        m, [current.number], m.head.number, chain.is_cached, allow=lambda h: h.link is not None
-    )
+    plan = None
+    if any(v.number == current for v in m.versions):
+        plan = graph.cheapest_path(
+            m, [current], m.head.number, chain.is_cached,
+            allow=lambda h: h.link is not None,
+        )  # fmt: skip
     if plan is None:
-        raise ChainBrokenError(f"no links lead from version {current.number} to the head")
-    for hop in plan[1]:
-        assert hop.link is not None
-        delta = fetch_link(chain, m, hop.link)
-        apply_inplace(weights, delta, hop.reverse, threads=threads, tensors=tensors)
-        yield m.version(hop.version)
+        yield _jump(chain, m, weights, current, tensors, threads)
+    else:
+        for hop in plan[1]:
+            assert hop.link is not None
+            _apply_link(chain, m, hop.link, weights, hop.reverse, tensors, threads)
+            yield m.version(hop.version)
     tracker.accept(chain, m, digest)
+
+
+def _jump(
+    chain: Chain, m: Manifest, weights: MutableMapping[str, Any], current: int,
+    tensors: Select, threads: int,
+) -> Version:  # fmt: skip
+    """The head, when no links lead there from ``current`` (pruned, say): pulled into
+    host memory (a snapshot and its links; a partial pull for a pattern), then diffed
+    against the weights and applied in place, all or nothing as a link is."""
+    if tensors is not None and not isinstance(tensors, str):
+        raise ChainBrokenError(
+            f"no links lead from version {current} to the head, and a snapshot's "
+            "tensors can be selected by a pattern only, not a predicate"
+        )
+    head, version = load(chain, to=m.head.number, tensors=tensors)
+    with tempfile.TemporaryDirectory(prefix="wdelta-jump-", dir=chain.cache) as tmp:
+        delta = Path(tmp) / "jump.wdelta"
+        api.diff(weights, head, delta, threads=threads)
+        del head  # the delta holds what changes
+        apply_inplace(weights, delta, threads=threads)
+    return version
+
+
+def _apply_link(
+    chain: Chain, m: Manifest, link: Link, weights: MutableMapping[str, Any], reverse: bool,
+    tensors: Select, threads: int,
+) -> None:  # fmt: skip
+    """Apply one link in place: from the cache or a whole download, or, for a partial
+    mapping and a link not cached, from ranged reads of its header and selected blobs."""
+    if tensors is None or chain.is_cached(link.digest):
+        delta = fetch_link(chain, m, link)
+        apply_inplace(weights, delta, reverse, threads=threads, tensors=tensors)
+        return
+    remote = RemoteDelta(chain.storage, m, link, live.selector(tensors))
+    apply_opened(weights, remote, reverse, verify_output=True, verify_input=False,
+                 threads=threads, tensors=tensors)  # fmt: skip
 
 
 def follow_weights(
@@ -248,13 +295,20 @@ def follow_weights(
 ) -> Iterator[Version]:  # fmt: skip
     """Keep ``weights`` at the chain's head; yields every version once applied.
 
-    ``at`` is the weights' version (number, digest or ``step:N``); None
-    hashes them to find it (a partial mapping, with ``tensors``, needs it).
-    The head is polled every ``interval`` seconds, ``max_polls`` times (None:
-    forever).  A failed step (download, corrupted link, digest) leaves the
-    weights at the last yielded version, is passed to ``on_error(error,
-    failures in a row)`` and retried after ``backoff[0] * 2**(failures-1)``
-    seconds, at most ``backoff[1]``.  The chain needs a cache folder.
+    ``at`` is the weights' version (number, digest or ``step:N``; a number
+    pruned from the chain is accepted); None hashes them to find it (a
+    partial mapping, with ``tensors``, needs it).  Links are applied in
+    place; with ``tensors``, a link not in the cache is read with ranged
+    requests (its header and the selected tensors' blobs only).  When no
+    links lead to the head (pruned), the head is pulled into host memory
+    (its snapshot and links; partial for a ``tensors`` pattern), diffed
+    against the weights and that delta applied in place: one version
+    yielded, the head.  The head is polled every ``interval`` seconds,
+    ``max_polls`` times (None: forever).  A failed step (download,
+    corrupted link, digest) leaves the weights at the last yielded
+    version, is passed to ``on_error(error, failures in a row)`` and
+    retried after ``backoff[0] * 2**(failures-1)`` seconds, at most
+    ``backoff[1]``.  The chain needs a cache folder.
     ``trust``: a trust policy, as for ``pull`` (refused revisions are failed steps).
 
     ``state``: a file keeping the accepted head revision across restarts
@@ -278,7 +332,7 @@ def follow_weights(
         polls += 1
         try:
             for version in _advance(chain, tracker, weights, current, tensors, threads):
-                current, failures = version, 0
+                current, failures = version.number, 0
                 yield version
         except WdeltaError as exc:
             failures += 1

@@ -67,7 +67,7 @@ def read_remote_header(
 
 
 @dataclass
-class _Blobs:
+class Blobs:
     """A window of one stored delta's data section, refilled on demand."""
 
     storage: Storage
@@ -79,9 +79,17 @@ class _Blobs:
     buf: bytes = b""
 
     def get(self, chunk: Chunk) -> bytes:
+        """The decompressed payload of ``chunk`` (checksum checked)."""
+        return self.check(chunk, self.raw(chunk))
+
+    def raw(self, chunk: Chunk) -> bytes:
+        """The stored blob of ``chunk``, unchecked."""
         if not self.lo <= chunk.offset <= chunk.offset + chunk.length <= self.lo + len(self.buf):
             self._fill(chunk)
-        blob = self.buf[chunk.offset - self.lo : chunk.offset - self.lo + chunk.length]
+        return self.buf[chunk.offset - self.lo : chunk.offset - self.lo + chunk.length]
+
+    def check(self, chunk: Chunk, blob: bytes) -> bytes:
+        """``blob``'s decompressed payload, once its checksum is the chunk's."""
         if blake3.blake3(blob).hexdigest() != chunk.checksum:
             raise ChecksumMismatchError(f"{self.key}: blob at {chunk.offset}: checksum mismatch")
         return codec.decompress(chunk.codec, blob, chunk.raw_length)
@@ -99,7 +107,7 @@ class _Blobs:
 
 
 def _apply_tensor(
-    header: Header, step: Step, ckpt: Checkpoint, blobs: _Blobs, fd: int, out_offset: int
+    header: Header, step: Step, ckpt: Checkpoint, blobs: Blobs, fd: int, out_offset: int
 ) -> None:
     entry = step.entry
     hashers = (new_hasher(), new_hasher())
@@ -139,7 +147,7 @@ def apply_partial(
     )
     offsets = {t.name: layout.data_start + t.begin for t in layout.tensors}
     chunks = [c for s in outputs for c in s.entry.chunks if c.encoding != "unchanged"]
-    blobs = _Blobs(storage, link.key, data_start, chunks, progress)
+    blobs = Blobs(storage, link.key, data_start, chunks, progress)
     with open_checkpoint(src) as ckpt:
         have = {t.name: (t.dtype, t.shape) for t in ckpt.tensors.values()}
         if have != wanted:
