@@ -83,8 +83,8 @@ def measure(base: Path, target: Path, work: Path, args: argparse.Namespace) -> s
     b = bound.information_bound(base, target, d.header.chunk_elements)
     (we, wc), (wd, wdc) = _best(ours["enc"]), _best(ours["dec"])
     (ze, zc), (zd, zdc) = _best(ref["enc"]), _best(ref["dec"])
-    return (f"| {base.parent.parent.name} {base.stem}-{target.stem} | {ze / we:.2f} | "
-            f"{zd / wd:.2f} | {we * 1e3:.0f} / {wd * 1e3:.0f} | {ze * 1e3:.0f} / {zd * 1e3:.0f} | "
+    return (f"| {base.parent.parent.name} {base.stem}-{target.stem} | {ze / we:.3g} | "
+            f"{zd / wd:.3g} | {we * 1e3:.0f} / {wd * 1e3:.0f} | {ze * 1e3:.0f} / {zd * 1e3:.0f} | "
             f"{wc * 1e3:.0f} / {wdc * 1e3:.0f} | {zc * 1e3:.0f} / {zdc * 1e3:.0f} | "
             f"{data:,} | {data / b.bytes:.3f} |")  # fmt: skip
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(HERE))
 
 from vectorgen import (  # noqa: E402
     chains,
+    compact_cases,
     edge,
     encoder,
     host,
@@ -78,7 +79,8 @@ def build_suite() -> Suite:
     for add_invalid in (invalid_prefix.add_prefix_cases, invalid_header.add_header_cases,
                         invalid_rules.add_rule_cases, invalid_layout.add_layout_cases,
                         invalid_payload.add_payload_cases, invalid_decode.add_integrity_cases,
-                        invalid_decode.add_base_cases):  # fmt: skip
+                        invalid_decode.add_base_cases,
+                        compact_cases.add_compact_cases):  # fmt: skip
         add_invalid(h)
     encoder.add_encoder_cases(suite)
     chains.add_rule_cases(suite)

@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO / "conformance"))
 from vectorgen import checkpoints as ck  # noqa: E402
 from vectorgen import payload  # noqa: E402
 from vectorgen.builder import ChunkPlan, Delta, build, set_raw, uniform  # noqa: E402
+from vectorgen.compactform import Form, form  # noqa: E402
 
 from wdelta.checkpoint.source import open_checkpoint  # noqa: E402
 from wdelta.container import PREFIX_SIZE, pack_prefix  # noqa: E402
@@ -49,6 +50,7 @@ class Mode:
     extra_pad: int = 0
     lead: bytes = b""
     mutate: Mutation | None = None
+    form: Form | None = None  # the compact header form (SPEC §4.11)
 
 
 def _first(delta: Delta, test: Callable[[dict[str, Any], dict[str, Any]], bool]) -> Any:
@@ -109,6 +111,18 @@ def _base_header_respaced(delta: Delta, base: ck.Checkpoint, target: ck.Checkpoi
     delta.doc["base"]["files"][0]["header"] += "  "
 
 
+def _base_canonical(doc: dict[str, Any]) -> None:
+    """Base files recorded as canonical without checking that they are (metadata dropped)."""
+    doc["base"]["files"] = [{"path": f["path"], "canonical": True} for f in doc["base"]["files"]]
+
+
+def _compact_ignored_member(doc: dict[str, Any]) -> None:
+    """x (transform) on the first unchanged or full chunk, under its compact name."""
+    chunks = [c for e in doc["tensors"] for c in e.get("c", []) if c["e"] in ("unchanged", "full")]
+    if chunks:
+        chunks[0]["x"] = "xor"
+
+
 VARIANTS: dict[str, Mode] = {
     "page-padding": Mode(page=True),
     "chunk-1000": Mode(chunk=1000),
@@ -119,6 +133,8 @@ VARIANTS: dict[str, Mode] = {
     "pretty-header": Mode(pretty=True, chunk=7),
     "not-reversible": Mode(plan=ChunkPlan("full"), keep_removed=False),
     "unknown-members": Mode(mutate=_unknown_members, page=True, chunk=64),
+    "compact": Mode(form=form()),
+    "compact-verbatim": Mode(form=form(target={"model.safetensors": "text"}), chunk=1000),
 }  # fmt: skip
 BROKEN: dict[str, tuple[Mode, str]] = {
     "leading-whitespace": (Mode(lead=b" "), "W1"),
@@ -129,6 +145,9 @@ BROKEN: dict[str, tuple[Mode, str]] = {
     "sparse-extra-position": (Mode(mutate=_extra_position), "W5"),
     "base-layout-respaced": (Mode(plan=ChunkPlan("full"), keep_removed=False,
                                   mutate=_base_header_respaced), "W6"),
+    "compact-base-canonical": (Mode(plan=ChunkPlan("full"), keep_removed=False,
+                                    form=form(_base_canonical)), "W6"),
+    "compact-ignored-member": (Mode(form=form(_compact_ignored_member)), "W3"),
 }  # fmt: skip
 BROKEN_MUTATIONS: dict[str, Mutation] = {"changed-off-by-one": _changed_off_by_one}
 
@@ -162,6 +181,7 @@ def encode(name: str, base_path: Path, target_path: Path) -> bytes:
     for mutate in (mode.mutate, BROKEN_MUTATIONS.get(name)):
         if mutate is not None:
             mutate(delta, base, target)
+    delta.form = mode.form
     if mode.pretty:
         delta.header_hook = lambda h: json.dumps(json.loads(h), indent=2).encode() + b"\n"
     header = mode.lead + delta.header_bytes()

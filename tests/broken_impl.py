@@ -7,8 +7,12 @@
 MODE ``faithful`` is the reference itself; each other mode breaks one
 promise of SPEC.md, and the conformance suite must catch it:
 ``ignore-checksums``, ``clamp-indices``, ``nan-canonical``, ``never-refuse``,
-``partial-output``, ``wrong-category`` (refuses with io-error) and
-``modify-input`` (appends a byte to the delta it reads).
+``partial-output``, ``wrong-category`` (refuses with io-error),
+``modify-input`` (appends a byte to the delta it reads), and for the compact
+header form (SPEC §4.11) ``canonical-by-name`` (canonical layouts in name
+order), ``lax-compact`` (ignores a chunk's ``offset`` member and the unused
+bits of base64url digests) and ``same-as-own-path`` (a target file's
+``same_as_base`` read as the base file of the target file's own path).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import shutil
 import struct
 import sys
@@ -24,9 +29,12 @@ from typing import Any
 
 import numpy as np
 
+import wdelta.compact
 import wdelta.container
 import wdelta.encodings.positions
+import wdelta.header
 from wdelta import cli
+from wdelta.checkpoint.safetensors_header import FileLayout, parse_header
 from wdelta.checkpoint.source import pread_into
 
 # Bit patterns of the canonical quiet NaN per float dtype, and its exponent mask.
@@ -82,6 +90,66 @@ def clamp_indices() -> None:
     wdelta.encodings.positions.rice_decode = rice_decode
 
 
+def canonical_by_name() -> None:
+    """Lay canonical headers out in name order, forgetting element sizes (§4.11 step 1)."""
+
+    def build(tensors: list[Any], metadata: dict[str, str] | None) -> FileLayout:
+        doc: dict[str, Any] = {} if metadata is None else {"__metadata__": metadata}
+        cursor = 0
+        for name, dtype, shape in sorted(tensors, key=lambda t: t[0]):
+            end = cursor + math.prod(shape) * dtype.size
+            doc[name] = {"dtype": dtype.name, "shape": list(shape), "data_offsets": [cursor, end]}
+            cursor = end
+        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+        return parse_header((text + " " * (-len(text.encode()) % 8)).encode())
+
+    wdelta.compact.build_header = build  # type: ignore[assignment]
+
+
+def _respell(digest: Any) -> Any:
+    """A digest's canonical spelling, whatever its unused bits (or the value unchanged)."""
+    if not isinstance(digest, str) or len(digest) != 43:
+        return digest
+    try:
+        return wdelta.compact.b64(wdelta.compact.hex_digest(digest))
+    except wdelta.WdeltaError:
+        return digest
+
+
+def lax_compact() -> None:
+    """Drop chunks' offset members and respell digests before the schema sees them."""
+    validate = wdelta.header._validate_schema
+
+    def lax(raw: dict[str, Any], compact_form: bool) -> None:
+        if compact_form:
+            for side in ("base", "target"):
+                if isinstance(raw.get(side), dict):
+                    raw[side]["digest"] = _respell(raw[side].get("digest"))
+            for entry in raw.get("tensors", []):
+                for key in ("b", "t"):
+                    if key in entry:
+                        entry[key] = _respell(entry[key])
+                for chunk in entry.get("c", []):
+                    chunk.pop("offset", None)
+                    if "h" in chunk:
+                        chunk["h"] = _respell(chunk["h"])
+        validate(raw, compact_form)
+
+    wdelta.header._validate_schema = lax
+
+
+def same_as_own_path() -> None:
+    """Look a same_as_base file up under its own path, not the base path it names (C3)."""
+    expand = wdelta.compact._expand_side
+
+    def own_path(side: dict[str, Any], base: Any, listing: Any, name: str) -> dict[str, Any]:
+        files = [{**f, "same_as_base": f["path"]} if "same_as_base" in f else f
+                 for f in side["files"]]  # fmt: skip
+        return expand({**side, "files": files}, base, listing, name)
+
+    wdelta.compact._expand_side = own_path
+
+
 def canonicalize_nans(out: Path) -> None:
     """Rewrite every NaN of a float tensor in the output as the canonical quiet NaN."""
     for path in sorted(out.glob("*.safetensors")) if out.is_dir() else [out]:
@@ -120,6 +188,12 @@ def main(mode: str, args: list[str]) -> int:
         ignore_checksums()
     if mode == "clamp-indices":
         clamp_indices()
+    if mode == "canonical-by-name":
+        canonical_by_name()
+    if mode == "lax-compact":
+        lax_compact()
+    if mode == "same-as-own-path":
+        same_as_own_path()
     if mode == "never-refuse":
         cli.run(argv)
         if out is not None and not out.exists() and source is not None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import wdelta
-from kit import Delta, RawTensor, leftovers, safetensors_bytes, write_sharded
+from kit import RawTensor, leftovers, safetensors_bytes, write_sharded
 from wdelta.chain.errors import CHAIN_CATEGORIES
 from wdelta.chain.manifest import parse_manifest
 from wdelta.checkpoint.source import open_checkpoint
@@ -56,7 +56,11 @@ class Seeds:
         target.write_bytes(safetensors_bytes(_tensors(True)))
         wdelta.diff(self.base, target, folder / "d.wdelta", chunk_elements=128)
         self.delta_bytes = (folder / "d.wdelta").read_bytes()
-        self.header = Delta.read(folder / "d.wdelta").header
+        # The v1 header form, for edits through kit.Delta.
+        wdelta.diff(self.base, target, folder / "v1.wdelta", chunk_elements=128, compact=False)
+        self.v1_bytes = (folder / "v1.wdelta").read_bytes()
+        (n,) = struct.unpack_from("<Q", self.delta_bytes, 16)
+        self.header = json.loads(self.delta_bytes[64 : 64 + n])
         self.safetensors = self.base.read_bytes()
         shards = folder / "shards"
         write_sharded(

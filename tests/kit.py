@@ -324,6 +324,7 @@ class Delta:
         data = path.read_bytes()
         _, _, _, n, _, _ = PREFIX.unpack_from(data)
         header = json.loads(data[64 : 64 + n])
+        assert "compact-header" not in header["required_features"], "write it with compact=False"
         section = data[64 + n :]
         blobs = [section[c["offset"] : c["offset"] + c["length"]] for _, c in cls._walk(header)]
         return cls(header, blobs)

@@ -17,7 +17,12 @@ from wdelta import chain
 from wdelta.chain.manifest import revision_key
 from wdelta.chain.storage.base import ObjectInfo, Progress, Storage
 from wdelta.chain.storage.s3 import S3Storage
-from wdelta.chain.trust import revision_payload, sign_revision, signature_key
+from wdelta.chain.trust import (
+    revision_payload,
+    root_state_beside,
+    sign_revision,
+    signature_key,
+)
 from wdelta.digest import digest_bytes
 from wdelta.errors import WdeltaError
 
@@ -221,6 +226,12 @@ def test_key_compromise(tmp_path: Path) -> None:
     )
     _forge_revision(t, "carol")
     refused("signature-invalid", t)  # the node walked to root 2 (SG-2)
+    # Deleting root 2 does not undo the revocation for a node that has seen it, even
+    # restarted from the old trust file: it keeps the newest root beside its checkpoint.
+    (t.store / "trust" / "root-000000000002.json").unlink()
+    refused("signature-invalid", t)
+    assert chain.read_root_file(root_state_beside(t.node)).version == 2
+    (t.store / "trust" / "root-000000000002.json").write_bytes((t.tmp / "root2.json").read_bytes())
     # A root 3 the attacker wrote itself, signed by carol only.
     (t.store / revision_key(3)).unlink()
     root_file(t.tmp / "evil2.json", "test/run", ["carol"], 1, ["carol"], previous=None)

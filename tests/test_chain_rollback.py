@@ -250,6 +250,10 @@ def test_pull_refuses_a_rewritten_revision(
     state.parent.mkdir()
     chain.pull(store, local, state=state)
     assert not acceptance.state_beside(local).exists()
+    for wrong in (local, store / "accepted.json", store):
+        with pytest.raises(wdelta.BadArgumentError, match="overlaps"):
+            chain.pull(store, local, state=wrong)
+    assert local.read_bytes() == ckpts[3].read_bytes()
     rewrite(store, 4)
     with pytest.raises(chain.ManifestInvalidError, match="chain forked: revision 4 is now"):
         chain.pull(store, local, state=state)
@@ -376,3 +380,32 @@ def test_cli_check_after_a_seen_revision(history: tuple[Path, list[Path]], tmp_p
         refused = cli("check", head, "--after", bad)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1
         assert refused.stderr.startswith(f"error: bad-argument: --after {bad}: not a manifest")
+
+
+def test_a_stale_s3_mirror_is_refused(history: tuple[Path, list[Path]], tmp_path: Path) -> None:
+    """A node that pulled revision 4 from the folder, pointed at a loopback S3 mirror that
+    holds revisions 1-3 only (a stale mirror): refused, naming where 4 came from; once the
+    mirror catches up (revision 4 byte for byte) it is accepted."""
+    pytest.importorskip("moto")
+    from chainkit import S3Server
+    from wdelta.chain.storage.s3 import S3Storage
+
+    store, ckpts = history
+    local = tmp_path / "node" / "m.safetensors"
+    chain.pull(store, local)
+    server = S3Server()
+    try:
+        mirror = S3Storage(server.new_bucket(), "mirror", client=server.client())
+        for path in sorted(store.rglob("*")):
+            if path.is_file() and path.name != "rev-000000000004.json":
+                mirror.put_file(str(path.relative_to(store)), path)
+        node = chain.Chain(mirror, tmp_path / "cache")
+        with pytest.raises(chain.ManifestInvalidError) as info:
+            chain.pull(node, local)
+        assert "head revision 3 is lower than revision 4" in str(info.value)
+        assert f"accepted from {store}, not {mirror.url}" in str(info.value)
+        assert local.read_bytes() == ckpts[3].read_bytes()
+        mirror.put_file(revision_key(4), store / revision_key(4))
+        assert chain.pull(node, local).revision == 4
+    finally:
+        server.stop()

@@ -245,3 +245,33 @@ def test_trust_module_rejects_a_root_walk_that_skips_a_chain(tmp_path: Path) -> 
     with pytest.raises(WdeltaError) as info:
         Trust(old).update(chain.LocalStorage(s.store))
     assert info.value.category == "signature-invalid" and "other/run" in str(info.value)
+
+
+def test_signed_squash_and_prune_keep_the_chain_verifiable(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    for _ in range(3):
+        s.publish()
+    w = s.writer()
+    chain.squash(w, 1, 4, base=s.ckpts[1])
+    m, deleted = chain.prune(w, chain.Policy(10, 1, 2))
+    revisions = chain.Chain(s.store).revisions()
+    assert len(revisions) == 2 and m.revision == revisions[-1]
+    digests = {digest_bytes((s.store / f"manifests/rev-{r:012d}.json").read_bytes())
+               for r in revisions}  # fmt: skip
+    signed = {o.key.split("/")[1] for o in chain.LocalStorage(s.store).list("signatures/")}
+    assert signed == digests  # no orphaned signature objects
+    assert any(k.startswith("signatures/") for k in deleted)
+    assert s.pull().version.number == 4
+    assert s.node.read_bytes() == s.ckpts[4].read_bytes()
+
+
+def test_the_kept_root_must_be_of_the_same_chain(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    kept = trust.root_state_beside(s.node)
+    assert not kept.exists()  # the trust file's own root is not worth keeping
+    root_file(kept, "other/run", ["alice"])
+    with pytest.raises(WdeltaError) as info:
+        s.pull()
+    assert info.value.category == "bad-argument" and "other/run" in str(info.value)
+    kept.unlink()
+    assert s.pull(chain.Chain(s.store, tmp_path / "ncache", trust=s.root)).version.number == 1

@@ -177,6 +177,28 @@ BROKEN_CASES = {
          "reverse/not-reversible/removed-dropped", "encoder/invalid/target-truncated"],
         "accepted an invalid input", ["reader/valid/host"],
     ),
+    "canonical-by-name": (
+        ["*/valid/compact/canonical-order", "*/valid/compact/host"],
+        ["decoder/valid/compact/canonical-order", "reverse/valid/compact/canonical-order",
+         "decoder/valid/compact/host"],
+        "recorded safetensors header",
+        # The host base's canonical order is its name order.
+        ["reader/valid/compact/canonical-order", "reverse/valid/compact/host"],
+    ),
+    "lax-compact": (
+        ["*/invalid/compact-chunk-offset", "*/invalid/compact-digest-pad-bits",
+         "reader/valid/compact/host"],
+        [f"{p}/invalid/{c}" for p in ("reader", "decoder")
+         for c in ("compact-chunk-offset", "compact-digest-pad-bits")],
+        "accepted an invalid input", ["reader/valid/compact/host"],
+    ),
+    "same-as-own-path": (
+        ["*/valid/compact/same-as-base", "*/valid/compact/sharded-same-index"],
+        [f"{p}/valid/compact/same-as-base" for p in ("reader", "decoder", "reverse")],
+        "on a valid input",
+        # Shards that say same_as_base under their own path are looked up right by chance.
+        [f"{p}/valid/compact/sharded-same-index" for p in ("reader", "decoder", "reverse")],
+    ),
     "partial-output": (
         ["*/invalid/blob-checksum", "decoder/base-mismatch/missing-tensor",
          "decoder/invalid/layout-index-disagrees", "encoder/invalid/target-not-safetensors",
@@ -388,6 +410,9 @@ BROKEN_ENCODER_CASES = {
     "changed-off-by-one": (["encoder/finetune-bf16", "encoder/sharded"], ["encoder/identical"]),
     "sparse-extra-position": (["encoder/finetune-bf16"], ["encoder/all-changed"]),
     "base-layout-respaced": (["encoder/finetune-bf16", "encoder/ops"], []),
+    "compact-base-canonical": (["encoder/exact-header", "encoder/metadata"],
+                               ["encoder/finetune-bf16"]),
+    "compact-ignored-member": (["encoder/ops", "encoder/sharded"], ["encoder/finetune-bf16"]),
 }
 
 

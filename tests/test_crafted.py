@@ -79,7 +79,8 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> Case:
     base, target = folder / "base.safetensors", folder / "target.safetensors"
     base.write_bytes(safetensors_bytes(_tensors(False)))
     target.write_bytes(safetensors_bytes(_tensors(True)))
-    delta = wdelta.diff(base, target, folder / "d.wdelta", chunk_elements=CHUNK)
+    # The v1 header form, which the editor below reads (the compact form: test_compact.py).
+    delta = wdelta.diff(base, target, folder / "d.wdelta", chunk_elements=CHUNK, compact=False)
     assert encodings_used(delta) == {"sparse-rice", "sparse-bitmap", "dense", "full", "unchanged"}
     return Case(base, target, delta)
 

@@ -542,15 +542,32 @@ def test_wide_word_scan_finds_exactly_the_changed_elements(size: int, data: st.D
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(chunk, "WIDE_MIN_BYTES", 8)
         pos = chunk._sparse_positions(base, target)
-    expected = np.flatnonzero(base != target)
+    if pos is not None:
+        assert pos.tolist() == np.flatnonzero(base != target).tolist()
     if base.nbytes < 8 or base.nbytes % 8:
         assert pos is None
         return
-    words = np.flatnonzero(base.view(np.uint64) != target.view(np.uint64))
-    if len(words) * (8 // size) >= len(base) * chunk.BITMAP_DENSITY:
-        assert pos is None
-        return
-    assert pos is not None and pos.tolist() == expected.tolist()
+    wide_base, wide_target = base.view(np.uint64), target.view(np.uint64)
+    words = np.flatnonzero(wide_base != wide_target)
+    sparse_enough = len(words) * (8 // size) < len(base) * chunk.BITMAP_DENSITY
+    assert (pos is not None) == (sparse_enough and chunk._few_words_differ(wide_base, wide_target))
+
+
+@given(n=st.integers(1, 5000), data=st.data())
+def test_the_wide_scan_sample_counts_differing_words_in_spread_runs(
+    n: int, data: st.DataObject
+) -> None:
+    idx = chunk._wide_sample(n)
+    run = min(chunk.WIDE_RUN, n // chunk.WIDE_WINDOWS)
+    assert len(idx) == (chunk.WIDE_WINDOWS * run if run else n)
+    assert len(set(idx.tolist())) == len(idx) and idx.min() >= 0 and idx.max() < n
+    base = np.zeros(n, np.uint64)
+    differing = data.draw(st.integers(0, len(idx)))
+    target = base.copy()
+    target[idx[:differing]] = 1
+    assert chunk._few_words_differ(base, target) == (
+        differing * chunk.WIDE_MAX_DIFFERING <= len(idx)
+    )
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -114,7 +114,7 @@ def test_delta_byte_flips_and_truncation(seeds: Seeds, data: st.DataObject) -> N
 @given(st.data())
 def test_delta_blob_edits_with_fresh_checksums(seeds: Seeds, data: st.DataObject) -> None:
     work = work_folder(seeds.folder)
-    (work / "seed.wdelta").write_bytes(seeds.delta_bytes)
+    (work / "seed.wdelta").write_bytes(seeds.v1_bytes)
     d = Delta.read(work / "seed.wdelta")
     i = data.draw(st.integers(0, len(d.blobs) - 1))
     payload = bytearray(d.payload(i))

@@ -95,7 +95,7 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> Case:
     base, target = folder / "base.safetensors", folder / "target.safetensors"
     base.write_bytes(safetensors_bytes(_tensors(0), {"format": "pt"}))
     target.write_bytes(safetensors_bytes(_tensors(1), {"format": "pt"}))
-    delta = wdelta.diff(base, target, folder / "d.wdelta", chunk_elements=512)
+    delta = wdelta.diff(base, target, folder / "d.wdelta", chunk_elements=512, compact=False)
     # Every kind of blob must be present for the corruption tests to mean anything
     # (which sparse position coding the encoder picks for these small chunks is its choice).
     used = encodings_used(delta)

@@ -117,8 +117,10 @@ def test_round_trip_every_dtype(name: str, data: st.DataObject) -> None:
     small = max(a.size for a in (*base.values(), *target.values())) <= 64
     chunk = data.draw(st.sampled_from(SMALL_CHUNKS + CHUNKS if small else CHUNKS))
     threads = data.draw(st.sampled_from([1, 2]))
+    compact = data.draw(st.booleans())  # the compact header (SPEC §4.11) or the v1 form
     with TemporaryDirectory() as tmp:
-        round_trip(base, target, Path(tmp) / "d.wdelta", chunk_elements=chunk, threads=threads)
+        round_trip(base, target, Path(tmp) / "d.wdelta", chunk_elements=chunk, threads=threads,
+                   compact=compact)  # fmt: skip
 
 
 # ---------------------------------------------------------------- encodings are exercised

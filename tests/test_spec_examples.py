@@ -96,6 +96,7 @@ def test_appendix_a_example_file(tmp_path: Path) -> None:
         {"w": np.array([1, 2, -3, 4], np.float32), "new": np.array([0.5], np.float16)},
         tmp_path / "ex.wdelta",
         chunk_elements=2,
+        compact=False,
     )
     data = delta.read_bytes()
     assert len(data) == 1843
@@ -125,3 +126,28 @@ def test_appendix_a_example_file(tmp_path: Path) -> None:
     rebuilt = out.read_bytes()
     assert rebuilt[:8] == struct.pack("<Q", 112)
     assert rebuilt[120:] == bytes.fromhex("0000803F00000040000040C0000080400038")
+
+
+def _appendix_a_compact_header() -> str:
+    """The compact header printed at the end of SPEC Appendix A (line breaks removed)."""
+    text = (Path(__file__).resolve().parents[1] / "SPEC.md").read_text(encoding="utf-8")
+    appendix = text.split("## Appendix A")[1]
+    block = appendix.split("Without `compact=False`")[1].split("```")[1]
+    return "".join(block.split())
+
+
+def test_appendix_a_compact_form(tmp_path: Path) -> None:
+    base = {"w": np.array([1, 2, 3, 4], np.float32), "old": np.array([7], np.int8)}
+    target = {"w": np.array([1, 2, -3, 4], np.float32), "new": np.array([0.5], np.float16)}
+    delta = wdelta.diff(base, target, tmp_path / "ex.wdelta", chunk_elements=2)
+    data = delta.read_bytes()
+    n, d = struct.unpack_from("<Q", data, 16)[0], struct.unpack_from("<Q", data, 56)[0]
+    assert (len(data), n, d) == (1155, 1080, 11)
+    assert data[64 : 64 + n].decode() == _appendix_a_compact_header() + " " * 4
+    v1 = wdelta.diff(base, target, tmp_path / "v1.wdelta", chunk_elements=2, compact=False)
+    with wdelta.open_delta(delta) as c, wdelta.open_delta(v1) as f:
+        assert c.header.raw["tensors"] == f.header.raw["tensors"]
+        assert (c.header.raw["base"], c.header.raw["target"]) == (
+            f.header.raw["base"], f.header.raw["target"],
+        )  # fmt: skip
+    assert data[64 + n :] == v1.read_bytes()[-11:]

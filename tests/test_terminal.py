@@ -41,7 +41,9 @@ def _delta(folder: Path) -> Path:
     target = {name: RawTensor("U8", (2,), b"\x00\x02") for name in HOSTILE}
     (folder / "b.safetensors").write_bytes(safetensors_bytes(base))
     (folder / "t.safetensors").write_bytes(safetensors_bytes(target))
-    delta = wdelta.diff(folder / "b.safetensors", folder / "t.safetensors", folder / "d.wdelta")
+    delta = wdelta.diff(
+        folder / "b.safetensors", folder / "t.safetensors", folder / "d.wdelta", compact=False
+    )
     d = Delta.read(delta)
     d.header["generator"] = "evil\x1b]0;title\x07"
     return d.write(folder / "hostile\x1b[2J.wdelta")

@@ -122,7 +122,8 @@ class Delta:
 
     ``relayout`` False keeps hand-set offsets/lengths; ``sign`` False keeps
     hand-set side digests; ``data`` replaces the data section (normally the
-    blobs in header order); ``extra_data`` is appended to it.
+    blobs in header order); ``extra_data`` is appended to it; ``form``
+    rewrites the finished header object (the compact form, SPEC §4.11).
     """
 
     doc: dict[str, Any]
@@ -131,6 +132,7 @@ class Delta:
     data: bytes | None = None
     extra_data: bytes = b""
     header_hook: Callable[[bytes], bytes] | None = None
+    form: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     prefix_hook: Callable[[bytes], bytes] | None = None
     file_hook: Callable[[bytes], bytes] | None = None
 
@@ -176,7 +178,10 @@ class Delta:
     def header_bytes(self) -> bytes:
         """The header JSON (after ``header_hook``), without padding."""
         self._layout()
-        text = json.dumps(public(self.doc), ensure_ascii=False, separators=(",", ":"))
+        doc = public(self.doc)
+        if self.form is not None:
+            doc = self.form(doc)
+        text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
         header = text.encode("utf-8")
         return self.header_hook(header) if self.header_hook is not None else header
 

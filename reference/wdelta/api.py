@@ -106,8 +106,12 @@ def diff(
     base: CheckpointLike, target: CheckpointLike, out: PathLike, *,
     level: int | None = None, threads: int = 2, chunk_elements: int | None = None,
     reversible: bool = True, progress: Progress | None = None, overwrite: bool = False,
+    compact: bool = True,
 ) -> Path:  # fmt: skip
     """Encode the delta from ``base`` to ``target`` into the file ``out``.
+
+    ``compact`` False writes the v1 header form instead of the compact one
+    (SPEC §4.11), for readers that predate feature ``compact-header``.
 
     ``out`` must not be an input (nor a link to one) and must not exist
     unless ``overwrite`` (BadArgumentError, before anything is read).
@@ -120,7 +124,9 @@ def diff(
     level = check_optional_int(level, "level", -7, 22)
     chunks = check_optional_int(chunk_elements, "chunk_elements", 1, MAX_CHUNK_ELEMENTS)
     threads = _check_options(threads, progress)
-    opts = DiffOptions(level, threads, chunks or DiffOptions.chunk_elements, bool(reversible))
+    opts = DiffOptions(
+        level, threads, chunks or DiffOptions.chunk_elements, bool(reversible), bool(compact)
+    )
     check_output(path, _paths(base=base, target=target), overwrite=bool(overwrite))
     with _checkpoint(base, "base") as b, _checkpoint(target, "target") as t:
         return diff_checkpoints(b, t, path, opts, progress, overwrite=bool(overwrite))

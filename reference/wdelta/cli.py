@@ -63,7 +63,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         api.diff(
             args.base, args.target, args.output, level=args.level, threads=args.threads,
             chunk_elements=args.chunk_elements, reversible=not args.no_reverse,
-            progress=progress, overwrite=args.force,
+            progress=progress, overwrite=args.force, compact=not args.compat,
         )  # fmt: skip
     if not args.quiet:
         try:
@@ -236,6 +236,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
     p.add_argument("--no-reverse", action="store_true",
                    help="allow full chunks and drop removed tensors (not reversible)")  # fmt: skip
+    p.add_argument("--compat", action="store_true",
+                   help="write the v1 header form, for readers without compact-header")  # fmt: skip
     _add_force(p)
     _add_common(p)
     p.set_defaults(func=_cmd_diff)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import prepend
+from . import compact, prepend, strictjson
 from ._version import __version__
 from .atomic import atomic_file
 from .checkpoint.source import (
@@ -90,12 +90,15 @@ class DiffOptions:
 
     ``reversible`` keeps every modified chunk as a transform and stores
     removed tensors, so that the delta also applies target -> base.
+    ``compact`` writes the compact header (feature ``compact-header``, SPEC
+    §4.11); False writes the v1 form, for readers that predate the feature.
     """
 
     level: int | None = None
     threads: int = 2
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
     reversible: bool = True
+    compact: bool = True
 
     def check(self) -> None:
         if not 1 <= self.chunk_elements <= MAX_CHUNK_ELEMENTS:
@@ -279,6 +282,13 @@ def _header_bytes(
         "tensors": entries,
     }
     text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if opts.compact:
+        # Unchanged chunks cost more parse memory per byte in the compact form
+        # (24 bytes each) than the reader's budget allows when they are most
+        # of a large header (§13): such a header is written in the v1 form.
+        small = json.dumps(compact.compact_header(doc), ensure_ascii=False, separators=(",", ":"))
+        if strictjson.within_budget(small.encode("utf-8")):
+            text = small.encode("utf-8")
     return text + b" " * (-len(text) % 8)
 
 

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from . import schemas, strictjson
+from . import compact, schemas, strictjson
 from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest
 from .dtypes import DType, lookup
 from .encodings.codec import CODECS
@@ -28,7 +28,7 @@ from .errors import (
 from .layout import SideLayout, parse_side_layout
 
 FORMAT_VERSION = 1
-KNOWN_FEATURES: frozenset[str] = frozenset()
+KNOWN_FEATURES: frozenset[str] = frozenset({compact.FEATURE})
 MAX_CHUNK_ELEMENTS = 1 << 26
 MAX_ELEMENTS = 1 << 48
 OPS = ("unchanged", "modified", "added", "removed")
@@ -78,7 +78,11 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class Header:
-    """A validated delta header; ``raw`` is the parsed JSON object."""
+    """A validated delta header.
+
+    ``raw`` is the parsed JSON object in the v1 form: a compact header
+    (``compact`` True, SPEC §4.11) is expanded, so it reads like any other.
+    """
 
     chunk_elements: int
     reversible: bool
@@ -86,6 +90,7 @@ class Header:
     target: SideLayout
     tensors: tuple[TensorEntry, ...]
     raw: dict[str, Any]
+    compact: bool = False
 
     def side_tensors(self, side: str) -> list[TensorEntry]:
         """Tensors present in the base (``"base"``) or target (``"target"``)."""
@@ -120,7 +125,10 @@ def parse_header(data: bytes, data_length: int) -> Header:
         unknown = sorted(f for f in features if isinstance(f, str) and f not in KNOWN_FEATURES)
         if unknown:
             raise UnsupportedFeatureError(f"unknown required features: {', '.join(unknown)}")
-    _validate_schema(raw)
+    compact_form = compact.is_compact(raw)
+    _validate_schema(raw, compact_form)
+    if compact_form:
+        raw = compact.expand_tensors(raw)
     chunk_elements = raw["chunk_elements"]
     if chunk_elements > MAX_CHUNK_ELEMENTS:
         raise LimitExceededError(f"chunk_elements {chunk_elements} exceeds {MAX_CHUNK_ELEMENTS}")
@@ -132,10 +140,12 @@ def parse_header(data: bytes, data_length: int) -> Header:
         raise HeaderInvalidError(
             f"header says reversible={raw['reversible']}, chunks imply {reversible}"
         )
+    if compact_form:
+        raw = compact.expand_layouts(raw, _listings(tensors))
     header = Header(
         chunk_elements, reversible,
         parse_side_layout(raw["base"], "base"), parse_side_layout(raw["target"], "target"),
-        tensors, raw,
+        tensors, raw, compact_form,
     )  # fmt: skip
     for side, layout in (("base", header.base), ("target", header.target)):
         entries = header.side_tensors(side)
@@ -145,12 +155,23 @@ def parse_header(data: bytes, data_length: int) -> Header:
     return header
 
 
-def _validate_schema(raw: dict[str, Any]) -> None:
+def _listings(tensors: tuple[TensorEntry, ...]) -> dict[str, compact.Listing]:
+    """Each side's (name, dtype, shape), for the canonical layouts of §4.11."""
+    out: dict[str, compact.Listing] = {"base": [], "target": []}
+    for t in tensors:
+        for side, absent in (("base", "added"), ("target", "removed")):
+            if t.op != absent:
+                out[side].append((t.name, t.dtype, t.shape))
+    return out
+
+
+def _validate_schema(raw: dict[str, Any], compact_form: bool) -> None:
     """Apply schema/delta-header.schema.json; tensor entries by the compiled checker.
 
     jsonschema costs 0.1-0.3 ms per tensor or chunk entry, minutes for a
     1T-parameter model, so the tensor list is lifted out and checked against
-    the same ``$defs/tensor`` by :class:`schemas.CompiledChecker`.
+    the same ``$defs/tensor`` (``$defs/compact_tensor`` for the compact form)
+    by :class:`schemas.CompiledChecker`.
     """
     tensors = raw.get("tensors")
     stripped = {**raw, "tensors": []} if isinstance(tensors, list) else raw
@@ -159,7 +180,8 @@ def _validate_schema(raw: dict[str, Any]) -> None:
         raise HeaderInvalidError(f"schema violation {error}")
     if not isinstance(tensors, list):
         return
-    checker = schemas.compiled_checker("delta-header", "tensor")
+    definition = "compact_tensor" if compact_form else "tensor"
+    checker = schemas.compiled_checker("delta-header", definition)
     for i, tensor in enumerate(tensors):
         found = checker.errors(tensor)
         if found is not None:

@@ -46,6 +46,11 @@ def loads(data: bytes | str, error: type[WdeltaError], what: str) -> Any:
     return value
 
 
+def within_budget(raw: bytes) -> bool:
+    """Whether :func:`loads` would parse ``raw`` (valid JSON) within its memory budget."""
+    return jsoncost.parse_cost(jsoncost.scan(raw), raw) <= jsoncost.budget(len(raw))
+
+
 def _parse(raw: bytes, error: type[WdeltaError], what: str, pairs: Any) -> Any:
     def constant(name: str) -> Any:
         raise error(f"{what}: {name} is not JSON")

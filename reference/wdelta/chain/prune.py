@@ -6,7 +6,8 @@ links.  The versions this promises are the kept snapshots' versions, the
 endpoints of the kept links and the head; every link on the cheapest path
 from a kept snapshot to a promised version is kept too, so no promised
 version is stranded.  Versions nothing reaches any more are dropped.  Files
-are deleted only after the new revision that no longer names them exists.
+are deleted only after the new revision that no longer names them exists,
+and a dropped revision's signature objects after the revision.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..arguments import PathLike, check_int
+from ..digest import digest_bytes
 from ..errors import BadArgumentError
 from . import graph
 from .errors import ChainBrokenError
@@ -79,7 +81,18 @@ def _doomed(chain: Chain, new: Manifest, revisions: list[int], policy: Policy) -
         for obj in chain.storage.list(prefix)
         if obj.key not in referenced
     ]
-    return doomed + [revision_key(r) for r in revisions[: -policy.keep_revisions]]
+    dropped = revisions[: -policy.keep_revisions]
+    return doomed + [revision_key(r) for r in dropped] + _signatures_of(chain, dropped)
+
+
+def _signatures_of(chain: Chain, revisions: list[int]) -> list[str]:
+    """The signature objects (SPEC §17.11) of ``revisions``, deleted after them."""
+    keys = []
+    for r in revisions:
+        data = chain.revision_bytes(r)
+        if data is not None:
+            keys += [o.key for o in chain.storage.list(f"signatures/{digest_bytes(data)}/")]
+    return keys
 
 
 def prune(

@@ -43,7 +43,7 @@ from .partial_snapshot import extract_remote
 from .storage.base import Progress
 from .storage.local import LocalStorage
 from .store import Chain, as_chain
-from .trust import Trust, as_trust
+from .trust import Trust, as_trust, root_state_beside
 
 _REPLANS = 3
 
@@ -236,6 +236,9 @@ def pull(
     or a ``acceptance.Tracker`` shared by several pulls.  A head lower than
     the accepted revision, or a rewritten one, is refused (manifest-invalid)
     unless ``accept_rollback`` (once: the new head is recorded instead).
+    With a trust policy (and ``state`` not False) the newest trust root
+    accepted is kept in ``.NAME.wdelta-root.json`` beside ``local`` and the
+    next pull starts from it (SG-2), so a revocation survives a restart.
     """
     chain, local = as_chain(chain), as_path(local, "local")
     if trust is not None:
@@ -246,7 +249,12 @@ def pull(
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
     check_local(chain, local)
-    tracker = _tracker(state, local, accept_rollback)
+    tracker = _tracker(chain, state, local, accept_rollback)
+    roots = None if chain.trust is None or state is False else root_state_beside(local)
+    if roots is not None and chain.trust is not None:
+        chain.trust.resume(roots)
+        chain.trust.update(chain.storage)  # SG-2 now, so that a newer root is kept even if
+        chain.trust.persist(roots)  # the revision is then refused
     for attempt in range(_REPLANS):
         m, digest = tracker.head(chain)
         p = _Puller(
@@ -265,14 +273,23 @@ def pull(
     raise AssertionError("unreachable")
 
 
-def _tracker(state: object, local: Path, accept_rollback: object) -> acceptance.Tracker:
+def _tracker(
+    chain: Chain, state: object, local: Path, accept_rollback: object
+) -> acceptance.Tracker:
+    """The acceptance tracker of a pull into ``local`` (see ``pull``'s ``state``)."""
     if isinstance(state, acceptance.Tracker):
         return state
-    if state is True:
-        return acceptance.Tracker(acceptance.state_beside(local), accept_rollback)
     if state is False:
         return acceptance.Tracker(None, accept_rollback)
-    return acceptance.Tracker(as_path(state, "state"), accept_rollback)
+    path = acceptance.state_beside(local) if state is True else as_path(state, "state")
+    root = chain.storage.root if isinstance(chain.storage, LocalStorage) else None
+    for other, what in ((local, "the local checkpoint"), (root, "the chain folder")):
+        if other is not None and overlaps(path, other):
+            raise BadArgumentError(
+                f"state {path} overlaps {what} {other}: writing the state there would "
+                "overwrite it; choose another path"
+            )
+    return acceptance.Tracker(path, accept_rollback)
 
 
 def follow(
@@ -300,7 +317,7 @@ def follow(
     check_optional_int(max_iterations, "max_iterations", 1)
     # One tracker for every poll: a deliberate rollback is accepted once, and
     # what was accepted is known between polls even without a state file.
-    options["state"] = _tracker(options.get("state", True), local,
+    options["state"] = _tracker(chain, options.get("state", True), local,
                                 options.pop("accept_rollback", False))  # fmt: skip
     state = _Follow(backoff or Backoff(), None if timeout is None else time.monotonic() + timeout)
     polls = 0

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..digest import digest_bytes
-from ..errors import BadArgumentError
+from ..errors import BadArgumentError, StorageError
 from ..terminal import printable
 from .errors import ConflictError, NotFoundError, SignatureInvalidError
 from .manifest import Manifest, parse_manifest, revision_key, revision_of_key
@@ -113,7 +113,7 @@ def _cmd_sign(args: argparse.Namespace) -> int:
 
 def _cmd_refresh(args: argparse.Namespace) -> int:
     """Publish the head's content again as a new, freshly signed revision (WS-4)."""
-    from .cli import _chain
+    from .cli import _chain  # here: cli imports this module
 
     with _chain(args) as c:
         if not c.signers:
@@ -147,8 +147,6 @@ def check_signatures(manifest: Path, storage: Storage, trust_file: Path) -> list
     try:
         data = manifest.read_bytes()
     except OSError as exc:
-        from ..errors import StorageError
-
         raise StorageError(f"cannot read {manifest}: {exc.strerror or exc}") from exc
     return Trust.from_file(trust_file).check_revision(storage, revision, data)
 

@@ -13,6 +13,8 @@ revision itself.
 from __future__ import annotations
 
 import calendar
+import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 from .. import schemas, strictjson
 from ..arguments import PathLike, as_path
+from ..atomic import atomic_file
 from ..digest import digest_bytes
 from ..errors import BadArgumentError, WdeltaError
 from .errors import ConflictError, FrozenError, SignatureInvalidError
@@ -73,8 +76,6 @@ class Root:
         return {"signed": self.signed(), "signatures": sigs}
 
     def to_bytes(self) -> bytes:
-        import json
-
         return (json.dumps(self.to_json(), indent=2) + "\n").encode()
 
     def signers(self, payload: bytes, signatures: list[tuple[str, str]]) -> set[str]:
@@ -169,8 +170,6 @@ class RevisionSignature:
     sig: str
 
     def to_bytes(self) -> bytes:
-        import json
-
         doc = {"signed": self.signed, "keyid": self.keyid, "sig": self.sig}
         return (json.dumps(doc, indent=2) + "\n").encode()
 
@@ -204,15 +203,45 @@ def _read_small(storage: Storage, key: str) -> bytes | None:
     return storage.read(key)
 
 
+def root_state_beside(local: Path) -> Path:
+    """Where a node keeps the newest trust root it accepted: ``.NAME.wdelta-root.json``."""
+    return local.parent / f".{local.name}.wdelta-root.json"
+
+
 class Trust:
     """A node's trust policy: the newest root accepted so far (it only moves forward)."""
 
     def __init__(self, root: Root) -> None:
         self.root = root
+        self.given = root.version  # the trust file's own version, never worth keeping
 
     @classmethod
     def from_file(cls, path: PathLike) -> Trust:
         return cls(read_root_file(path))
+
+    def resume(self, path: Path) -> None:
+        """Move to the root kept in ``path`` by an earlier run, if it is newer (SG-2)."""
+        if not path.exists():
+            return
+        saved = read_root_file(path)
+        if saved.chain != self.root.chain:
+            raise BadArgumentError(
+                f"{path} keeps a root of chain {saved.chain!r}, the trust root is of "
+                f"{self.root.chain!r}: delete it to start again from the trust root"
+            )
+        if saved.version > self.root.version:
+            self.root = saved
+
+    def persist(self, path: Path) -> None:
+        """Keep the current root in ``path`` (atomically) if it is newer than the kept one."""
+        if self.root.version <= self.given:
+            return
+        if path.exists() and read_root_file(path).version >= self.root.version:
+            return
+        with atomic_file(path, overwrite=True) as fd:
+            view = memoryview(self.root.to_bytes())
+            while view:
+                view = view[os.write(fd, view) :]
 
     def update(self, storage: Storage) -> Root:
         """Walk the chain's newer roots (SG-2); each must be signed by a threshold of
