@@ -142,14 +142,12 @@ class Proxy:
         self.sock.close()
 
 
-class FailingStorage(Storage):
-    """Wraps a storage; the stream of a key matching ``key_part`` fails after
-    ``fail_after`` bytes, once (a connection lost mid-download)."""
+class Wrapped(Storage):
+    """A storage that forwards every operation to ``inner``; subclasses override
+    the ones they observe or break."""
 
-    def __init__(self, inner: Storage, key_part: str, fail_after: int) -> None:
-        self.inner, self.key_part, self.fail_after = inner, key_part, fail_after
-        self.url = inner.url
-        self.failed = False
+    def __init__(self, inner: Storage) -> None:
+        self.inner, self.url = inner, inner.url
 
     def stat(self, key: str) -> ObjectInfo | None:
         return self.inner.stat(key)
@@ -158,14 +156,7 @@ class FailingStorage(Storage):
         return self.inner.read_range(key, start, length)
 
     def stream(self, key: str, start: int = 0) -> Iterator[bytes]:
-        sent = 0
-        for block in self.inner.stream(key, start):
-            if not self.failed and self.key_part in key and sent + len(block) > self.fail_after:
-                self.failed = True
-                yield block[: self.fail_after - sent]
-                raise StorageError("injected: connection lost")
-            sent += len(block)
-            yield block
+        return self.inner.stream(key, start)
 
     def put_file(self, key: str, path: Path, progress: Progress | None = None) -> None:
         self.inner.put_file(key, path, progress)
@@ -178,6 +169,41 @@ class FailingStorage(Storage):
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
+
+
+class FailingStorage(Wrapped):
+    """Wraps a storage; the stream of a key matching ``key_part`` fails after
+    ``fail_after`` bytes, once (a connection lost mid-download)."""
+
+    def __init__(self, inner: Storage, key_part: str, fail_after: int) -> None:
+        super().__init__(inner)
+        self.key_part, self.fail_after = key_part, fail_after
+        self.failed = False
+
+    def stream(self, key: str, start: int = 0) -> Iterator[bytes]:
+        sent = 0
+        for block in self.inner.stream(key, start):
+            if not self.failed and self.key_part in key and sent + len(block) > self.fail_after:
+                self.failed = True
+                yield block[: self.fail_after - sent]
+                raise StorageError("injected: connection lost")
+            sent += len(block)
+            yield block
+
+
+def folder_history(folder: Path, rows: int, cols: int) -> tuple[Path, list[Path]]:
+    """A folder chain ``folder/store`` of versions 0..3 (revisions 1..4) with
+    snapshots at 0 and 3, and the four checkpoints it was made from."""
+    t = Trainer(rows=rows, cols=cols)
+    ckpts = [t.save(folder / "ck0.safetensors")]
+    c = chain.Chain(chain.LocalStorage(folder / "store"), folder / "writer-cache")
+    chain.init(c, ckpts[0], step=0)
+    for n in range(1, 4):
+        t.step(n)
+        ckpts.append(t.save(folder / f"ck{n}.safetensors"))
+        chain.append(c, ckpts[n], ckpts[n - 1], step=n,
+                     options=chain.AppendOptions(snapshot=n == 3))  # fmt: skip
+    return folder / "store", ckpts
 
 
 def race_appends(make_storage: Callable[[], Storage], paths: list[Path], base: Path) -> None:

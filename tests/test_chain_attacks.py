@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from chainkit import S3Server
+from chainkit import S3Server, Wrapped
 from signkit import FAR, PAST, Signed, key, root_file, signed_chain
 from wdelta import chain
 from wdelta.chain.manifest import revision_key
-from wdelta.chain.storage.base import ObjectInfo, Progress, Storage
+from wdelta.chain.storage.base import Storage
 from wdelta.chain.storage.s3 import S3Storage
 from wdelta.chain.trust import (
     revision_payload,
@@ -132,34 +132,17 @@ def test_mix_and_match(tmp_path: Path) -> None:
     refused("signature-invalid", s)
 
 
-class _Counting(Storage):
+class _Counting(Wrapped):
     """A storage that counts the bytes it streams (to see where a download stops)."""
 
     def __init__(self, inner: Storage) -> None:
-        self.inner, self.url, self.streamed = inner, inner.url, 0
-
-    def stat(self, key: str) -> ObjectInfo | None:
-        return self.inner.stat(key)
-
-    def read_range(self, key: str, start: int, length: int) -> bytes:
-        return self.inner.read_range(key, start, length)
+        super().__init__(inner)
+        self.streamed = 0
 
     def stream(self, key: str, start: int = 0) -> Any:
         for block in self.inner.stream(key, start):
             self.streamed += len(block)
             yield block
-
-    def put_file(self, key: str, path: Path, progress: Progress | None = None) -> None:
-        self.inner.put_file(key, path, progress)
-
-    def create(self, key: str, data: bytes) -> bool:
-        return self.inner.create(key, data)
-
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
 
 
 def test_endless_data(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import wdelta
-from chainkit import Trainer
+from chainkit import folder_history
 from wdelta import chain
 from wdelta.chain.storage.base import ObjectInfo
 from wdelta.errors import StorageError, WdeltaError
@@ -69,16 +69,7 @@ class Outage(chain.LocalStorage):
 @pytest.fixture
 def history(tmp_path: Path) -> tuple[Path, list[Path]]:
     """A folder chain of versions 0..3 with snapshots at 0 and 3."""
-    t = Trainer(rows=32, cols=128)
-    ckpts = [t.save(tmp_path / "ck0.safetensors")]
-    c = chain.Chain(chain.LocalStorage(tmp_path / "store"), tmp_path / "writer-cache")
-    chain.init(c, ckpts[0], step=0)
-    for n in range(1, 4):
-        t.step(n)
-        ckpts.append(t.save(tmp_path / f"ck{n}.safetensors"))
-        chain.append(c, ckpts[n], ckpts[n - 1], step=n,
-                     options=chain.AppendOptions(snapshot=n == 3))  # fmt: skip
-    return tmp_path / "store", ckpts
+    return folder_history(tmp_path, 32, 128)
 
 
 def corrupt_link(store: Path, source: int) -> None:

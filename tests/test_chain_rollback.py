@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wdelta
-from chainkit import Trainer
+from chainkit import folder_history
 from wdelta import chain
 from wdelta.chain import acceptance
 from wdelta.chain.acceptance import Accepted, Tracker
@@ -185,16 +185,7 @@ def test_a_restarted_tracker_decides_as_one_that_never_stopped(
 @pytest.fixture
 def history(tmp_path: Path) -> tuple[Path, list[Path]]:
     """A folder chain of versions 0..3 (revisions 1..4), snapshots at 0 and 3."""
-    t = Trainer(rows=16, cols=64)
-    ckpts = [t.save(tmp_path / "ck0.safetensors")]
-    c = chain.Chain(chain.LocalStorage(tmp_path / "store"), tmp_path / "writer-cache")
-    chain.init(c, ckpts[0], step=0)
-    for n in range(1, 4):
-        t.step(n)
-        ckpts.append(t.save(tmp_path / f"ck{n}.safetensors"))
-        chain.append(c, ckpts[n], ckpts[n - 1], step=n,
-                     options=chain.AppendOptions(snapshot=n == 3))  # fmt: skip
-    return tmp_path / "store", ckpts
+    return folder_history(tmp_path, 16, 64)
 
 
 def roll_back(store: Path, keep: int) -> None:
