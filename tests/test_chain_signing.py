@@ -164,6 +164,8 @@ def test_cli_publish_signed_pull_rotate(tmp_path: Path) -> None:
     assert r.returncode == 0 and "version 1" in r.stdout and r.stderr == "", r.stderr
     r = wd("pull", "cli", "m.safetensors", cwd=tmp_path)
     assert r.returncode == 0 and r.stderr.count("not authenticated") == 1
+    r = wd("pull", "cli", "q.safetensors", "-q", cwd=tmp_path)  # quiet: no output on success
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == "", r.stderr
     r = wd("log", "cli", "--trust", "r1.json", cwd=tmp_path)
     assert f"signed by {key_of(tmp_path / 'alice.key.pub')[:16]}" in r.stdout
     assert "(unverified" in wd("log", "cli", cwd=tmp_path).stdout

@@ -210,8 +210,9 @@ _UNAUTHENTICATED = "warning: no trust policy (--trust ROOT): revisions are not a
 
 def _report_once_unauthenticated(args: argparse.Namespace) -> Callable[[PullResult], None]:
     """``_report``, and after the first success without --trust the warning (once, on
-    stderr; a failure stays the single ``error:`` line of §12.2)."""
-    warned = args.trust is not None
+    stderr; a failure stays the single ``error:`` line of §12.2).  ``--quiet`` asks for
+    no output on success, so it silences the warning too, as before signing existed."""
+    warned = args.trust is not None or args.quiet
 
     def report(r: PullResult) -> None:
         nonlocal warned
