@@ -15,6 +15,7 @@ delays = 56 points on 32 MB checkpoints.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -182,7 +183,12 @@ COMMANDS: dict[str, Callable[[Work, Path], Case]] = {
 
 
 def temporaries(folder: Path) -> list[Path]:
-    return [p for p in folder.rglob("*") if MARK in p.name]
+    # os.walk, not rglob: the command under test removes its temporary folders while
+    # we look, and rglob raises FileNotFoundError for a folder that vanished mid-walk.
+    found: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        found += [Path(root, name) for name in dirs + files if MARK in name]
+    return found
 
 
 def _killed(
