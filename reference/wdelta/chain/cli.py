@@ -26,6 +26,7 @@ from .backoff import Backoff
 from .cachegc import gc_chain
 from .checkstore import check_storage
 from .compose import squash
+from .freshness import parse_duration
 from .manifest import Manifest, read_manifest
 from .prune import Policy, prune
 from .pull import PullResult, follow, pull
@@ -230,6 +231,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     options["cache_max_bytes"] = args.cache_max_bytes
     options["state"] = args.state or True
     options["accept_rollback"] = args.accept_rollback
+    options["max_age"] = None if args.max_age is None else parse_duration(args.max_age)
     with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
         options["progress"] = progress
         if not args.follow:
@@ -455,6 +457,10 @@ def _register_readers(sub: Any) -> None:
         help="where the accepted head revision is kept, to refuse a rolled-back chain "
         "(default: .LOCAL.wdelta-accepted.json beside LOCAL)",
     )
+    p.add_argument(
+        "--max-age", default=None, metavar="DURATION",
+        help="refuse (error: frozen) a head published longer ago: 90s, 30m, 12h, 7d",
+    )  # fmt: skip
     p.add_argument(
         "--accept-rollback",
         action="store_true",

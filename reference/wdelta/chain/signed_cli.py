@@ -112,14 +112,16 @@ def _cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _cmd_refresh(args: argparse.Namespace) -> int:
-    """Publish the head's content again as a new, freshly signed revision (WS-4)."""
+    """Publish the head's content again as a new revision: freshly signed (WS-4), or for
+    an unsigned chain with a new ``updated`` time (what ``pull --max-age`` reads)."""
     from .cli import _chain  # here: cli imports this module
 
     with _chain(args) as c:
-        if not c.signers:
-            raise BadArgumentError("refresh needs --trust ROOT and --sign KEY")
+        if c.trust is not None and not c.signers:
+            raise BadArgumentError("refresh with --trust ROOT needs --sign KEY")
         m = c.publish(lambda cur: cur.successor())
-    print(f"revision {m.revision}: head version {m.head.number}, signatures renewed")
+    renewed = "signatures renewed" if c.signers else f"updated {m.updated} (unsigned)"
+    print(f"revision {m.revision}: head version {m.head.number}, {renewed}")
     return 0
 
 
@@ -178,7 +180,9 @@ def register_signing(
     p.add_argument("--revision", type=int, default=None, help="revision (default: the head)")
     p.add_argument("--expires-days", type=float, default=7.0, help="validity in days (7)")
     p.set_defaults(func=_cmd_sign)
-    p = sub.add_parser("refresh", help="republish the head, freshly signed (against 'frozen')")
+    p = sub.add_parser(
+        "refresh", help="republish the head, freshly signed or dated (against 'frozen')"
+    )
     common(p)
     signing_args(p)
     p.set_defaults(func=_cmd_refresh)
