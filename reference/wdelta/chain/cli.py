@@ -144,17 +144,22 @@ def _format_log(m: Manifest) -> str:
 
 
 def _cmd_log(args: argparse.Namespace) -> int:
-    from .signed_cli import signers_line
+    """The head's versions, then (for a signed chain, or with --trust) who signed each
+    stored revision: the table's head is read without the trust policy so that a
+    refused revision is shown as such rather than hiding the log (--json, for tools,
+    prints only a head the policy accepts)."""
+    from .signed_cli import signature_lines
 
-    c = Chain(open_storage(args.url), **_trust_args(args))
+    trust = _trust_args(args)["trust"]
+    c = Chain(open_storage(args.url), trust=trust if args.json else None)
     m = c.head()
     if args.json:
         print(json.dumps(m.to_json(), indent=2))
         return 0
     print(_format_log(m))
-    signed = signers_line(c, m)
-    if signed is not None:
-        print(printable(signed))
+    c.trust = trust
+    for line in signature_lines(c):
+        print(printable(line))
     return 0
 
 
