@@ -201,6 +201,7 @@ class TorchSlot(Slot):
         self._flat = self._words.view(-1) if self._words.is_contiguous() else None
         self._host_cpu = self._words.device.type == "cpu"
         self._cached: Any = None
+        self._served = 0  # elements read from ``_cached`` since it was filled
         self._lock = threading.Lock()
 
     def _host(self) -> np.ndarray[Any, Any]:
@@ -221,9 +222,13 @@ class TorchSlot(Slot):
             return taken
         host = self._host()
         out = np.array(host[start : start + count])
-        if not self._host_cpu and start + count == self.elements:
+        if not self._host_cpu:
+            # Dropped once every element was served: workers read chunks out of order,
+            # so "the last chunk was read" does not mean the others were.
             with self._lock:
-                self._cached = None
+                self._served += count
+                if self._served >= self.elements:
+                    self._cached, self._served = None, 0
         return out
 
     def write(self, start: int, words: Words) -> None:
@@ -248,7 +253,7 @@ class TorchSlot(Slot):
 
     def invalidate(self) -> None:
         with self._lock:
-            self._cached = None
+            self._cached, self._served = None, 0
 
 
 def _numpy_signed(size: int) -> np.dtype[Any]:
