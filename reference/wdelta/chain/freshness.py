@@ -69,5 +69,5 @@ def check_fresh(m: Manifest, max_age: float | None, now: float | None = None) ->
         raise FrozenError(
             f"head revision {m.revision} was published at {m.updated}, {age:.0f} s ago, "
             f"more than the max age of {max_age:g} s: the chain is frozen (nothing fresh "
-            "to serve); the local checkpoint keeps its version"
+            "to serve); the node keeps its version"
         )
