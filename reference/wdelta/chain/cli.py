@@ -26,6 +26,7 @@ from .backoff import Backoff
 from .cachegc import gc_chain
 from .checkstore import check_storage
 from .compose import squash
+from .freshness import parse_duration
 from .manifest import Manifest, read_manifest
 from .prune import Policy, prune
 from .pull import PullResult, follow, pull
@@ -143,17 +144,22 @@ def _format_log(m: Manifest) -> str:
 
 
 def _cmd_log(args: argparse.Namespace) -> int:
-    from .signed_cli import signers_line
+    """The head's versions, then (for a signed chain, or with --trust) who signed each
+    stored revision: the table's head is read without the trust policy so that a
+    refused revision is shown as such rather than hiding the log (--json, for tools,
+    prints only a head the policy accepts)."""
+    from .signed_cli import signature_lines
 
-    c = Chain(open_storage(args.url), **_trust_args(args))
+    trust = _trust_args(args)["trust"]
+    c = Chain(open_storage(args.url), trust=trust if args.json else None)
     m = c.head()
     if args.json:
         print(json.dumps(m.to_json(), indent=2))
         return 0
     print(_format_log(m))
-    signed = signers_line(c, m)
-    if signed is not None:
-        print(printable(signed))
+    c.trust = trust
+    for line in signature_lines(c):
+        print(printable(line))
     return 0
 
 
@@ -231,6 +237,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     options["cache_max_bytes"] = args.cache_max_bytes
     options["state"] = args.state or True
     options["accept_rollback"] = args.accept_rollback
+    options["max_age"] = None if args.max_age is None else parse_duration(args.max_age)
     with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
         options["progress"] = progress
         if not args.follow:
@@ -456,6 +463,10 @@ def _register_readers(sub: Any) -> None:
         help="where the accepted head revision is kept, to refuse a rolled-back chain "
         "(default: .LOCAL.wdelta-accepted.json beside LOCAL)",
     )
+    p.add_argument(
+        "--max-age", default=None, metavar="DURATION",
+        help="refuse (error: frozen) a head published longer ago: 90s, 30m, 12h, 7d",
+    )  # fmt: skip
     p.add_argument(
         "--accept-rollback",
         action="store_true",

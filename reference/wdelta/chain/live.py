@@ -45,6 +45,7 @@ from . import graph
 from .acceptance import Tracker
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import fetch_link
+from .freshness import check_fresh, check_max_age
 from .manifest import Link, Manifest, Version
 from .ops import AppendOptions, append_delta, init
 from .pull import pull
@@ -188,7 +189,7 @@ def _load_all(path: Path, select: Select = None, device: Any = None) -> dict[str
 def load(
     chain: Chain, *, to: str | int = "head", tensors: str | None = None, device: Any = None,
     trust: Trust | PathLike | None = None,
-    state: PathLike | None = None, accept_rollback: bool = False,
+    state: PathLike | None = None, accept_rollback: bool = False, max_age: float | None = None,
 ) -> tuple[dict[str, Any], Version]:  # fmt: skip
     """Weights of version ``to`` in memory, and that version (a node's start).
 
@@ -196,7 +197,8 @@ def load(
     ``device`` None gives NumPy arrays, else torch tensors on that device.
     Without a cache on ``chain`` the downloads go to a temporary one, removed
     afterwards (``chain.cache`` stays None).  ``state``: the acceptance state
-    file (RD-1, as ``pull``'s); None keeps none.
+    file (RD-1, as ``pull``'s); None keeps none.  ``max_age``: seconds, as
+    ``pull``'s (a head published longer ago is refused, ``frozen``).
     """
     chain = as_chain(chain)
     cache = chain.cache
@@ -204,7 +206,7 @@ def load(
         local = Path(tmp) / "model.safetensors"
         try:
             result = pull(chain, local, to=to, tensors=tensors, trust=trust,
-                          state=Tracker(state, accept_rollback))  # fmt: skip
+                          state=Tracker(state, accept_rollback), max_age=max_age)  # fmt: skip
         finally:
             chain.cache = cache  # pull points a missing cache into ``tmp``
         return _load_all(local, tensors, device), result.version
@@ -228,11 +230,13 @@ def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partia
 
 def _advance(
     chain: Chain, tracker: Tracker, weights: MutableMapping[str, Any], current: int,
-    tensors: Select, threads: int,
+    tensors: Select, threads: int, max_age: float | None = None,
 ) -> Iterator[Version]:  # fmt: skip
     """Apply the links from ``current`` to the head, yielding each version reached;
-    the head revision is accepted once the weights reached its head."""
+    the head revision is accepted once the weights reached its head (and, with
+    ``max_age`` seconds, only if it was published within them)."""
     m, digest = tracker.head(chain)
+    check_fresh(m, max_age)
     plan = None
     if any(v.number == current for v in m.versions):
         plan = graph.cheapest_path(
@@ -291,7 +295,7 @@ def follow_weights(
     backoff: tuple[float, float] = (1.0, 60.0),
     on_error: Callable[[WdeltaError, int], None] | None = None, threads: int = 2,
     trust: Trust | PathLike | None = None,
-    state: PathLike | None = None, accept_rollback: bool = False,
+    state: PathLike | None = None, accept_rollback: bool = False, max_age: float | None = None,
 ) -> Iterator[Version]:  # fmt: skip
     """Keep ``weights`` at the chain's head; yields every version once applied.
 
@@ -315,7 +319,9 @@ def follow_weights(
     (RD-1, as ``pull``'s); None keeps it in memory only.  A head lower than
     the accepted one, or a rewritten one, fails the poll (manifest-invalid,
     reported and retried like any failure); ``accept_rollback`` accepts the
-    first head whatever it is.
+    first head whatever it is.  ``max_age`` (seconds): a head published
+    longer ago fails the poll (``frozen``, reported and retried like any
+    failure) while the weights keep their version.
     """
     chain = as_chain(chain)
     if trust is not None:
@@ -323,6 +329,7 @@ def follow_weights(
     check_mapping(weights, "weights", mutable=True)
     interval = check_seconds(interval, "interval") or 0.0
     check_optional_int(max_polls, "max_polls", 1)
+    max_age = check_max_age(max_age)
     if chain.cache is None:
         raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
     tracker = Tracker(state, accept_rollback)
@@ -331,7 +338,7 @@ def follow_weights(
     while max_polls is None or polls < max_polls:
         polls += 1
         try:
-            for version in _advance(chain, tracker, weights, current, tensors, threads):
+            for version in _advance(chain, tracker, weights, current, tensors, threads, max_age):
                 current, failures = version.number, 0
                 yield version
         except WdeltaError as exc:

@@ -37,6 +37,7 @@ from . import acceptance, cachegc, graph, partial
 from .backoff import Backoff
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import check_link_header, fetch_link, materialize_snapshot
+from .freshness import check_fresh, check_max_age
 from .local import digest_of_path, partial_marker, replace_checkpoint
 from .manifest import Manifest, Version
 from .partial_snapshot import extract_remote
@@ -215,6 +216,7 @@ def pull(
     avoid: set[str] | None = None, cache_max_bytes: int | None = None,
     trust: Trust | PathLike | None = None,
     state: PathLike | bool | acceptance.Tracker = True, accept_rollback: bool = False,
+    max_age: float | None = None,
 ) -> PullResult:  # fmt: skip
     """Bring ``local`` to version ``to``; ``tensors`` selects a partial pull.
 
@@ -239,6 +241,10 @@ def pull(
     With a trust policy (and ``state`` not False) the newest trust root
     accepted is kept in ``.NAME.wdelta-root.json`` beside ``local`` and the
     next pull starts from it (SG-2), so a revocation survives a restart.
+
+    ``max_age`` (seconds): a head whose manifest ``updated`` time is older
+    than that, or absent, is refused (``frozen``) before anything is
+    downloaded; ``local`` keeps its version.
     """
     chain, local = as_chain(chain), as_path(local, "local")
     if trust is not None:
@@ -246,6 +252,7 @@ def pull(
     if tensors is not None and not isinstance(tensors, str):
         raise BadArgumentError(f"tensors must be a str of patterns, not {type(tensors).__name__}")
     check_optional_int(cache_max_bytes, "cache_max_bytes", 0)
+    max_age = check_max_age(max_age)
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
     check_local(chain, local)
@@ -257,6 +264,7 @@ def pull(
         chain.trust.persist(roots)  # the revision is then refused
     for attempt in range(_REPLANS):
         m, digest = tracker.head(chain)
+        check_fresh(m, max_age)
         p = _Puller(
             chain, m, local, tensors, progress, threads, avoid if avoid is not None else set()
         )

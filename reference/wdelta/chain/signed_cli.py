@@ -1,5 +1,6 @@
 """``wdelta chain keygen | root | rotate | sign | refresh`` and the signature lines of
-``chain log`` and ``chain check --trust`` (SPEC.md "Signed revisions")."""
+``chain log`` (one per stored revision) and ``chain check --trust`` (SPEC.md "Signed
+revisions")."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..digest import digest_bytes
 from ..errors import BadArgumentError, StorageError
 from ..terminal import printable
 from .errors import ConflictError, NotFoundError, SignatureInvalidError
-from .manifest import Manifest, parse_manifest, revision_key, revision_of_key
+from .manifest import parse_manifest, revision_key, revision_of_key
 from .signing import generate, load_public_key, load_signing_key, write_json
 from .storage import open_storage
 from .storage.base import Storage
@@ -112,31 +113,54 @@ def _cmd_sign(args: argparse.Namespace) -> int:
 
 
 def _cmd_refresh(args: argparse.Namespace) -> int:
-    """Publish the head's content again as a new, freshly signed revision (WS-4)."""
+    """Publish the head's content again as a new revision: freshly signed (WS-4), or for
+    an unsigned chain with a new ``updated`` time (what ``pull --max-age`` reads)."""
     from .cli import _chain  # here: cli imports this module
 
     with _chain(args) as c:
-        if not c.signers:
-            raise BadArgumentError("refresh needs --trust ROOT and --sign KEY")
+        if c.trust is not None and not c.signers:
+            raise BadArgumentError("refresh with --trust ROOT needs --sign KEY")
         m = c.publish(lambda cur: cur.successor())
-    print(f"revision {m.revision}: head version {m.head.number}, signatures renewed")
+    renewed = "signatures renewed" if c.signers else f"updated {m.updated} (unsigned)"
+    print(f"revision {m.revision}: head version {m.head.number}, {renewed}")
     return 0
 
 
-def signers_line(c: Chain, m: Manifest) -> str | None:
-    """Who signed the head revision: verified key ids with --trust, else those found
-    (None for a revision without signatures: an unsigned chain's log is unchanged)."""
-    if c.trust is not None:
-        ids = ", ".join(k[:16] for k in c.head_signers)
-        return f"revision {m.revision} signed by {ids} (trust root version {c.trust.root.version})"
-    digest = digest_bytes(c.storage.read(revision_key(m.revision)))
-    found = sorted(
+def _found_signers(storage: Storage, digest: str) -> list[str]:
+    """Key id prefixes of the signature objects stored for manifest BLAKE3 ``digest``."""
+    return sorted(
         o.key.rsplit("/", 1)[-1].removesuffix(".json")[:16]
-        for o in c.storage.list(f"signatures/{digest}/")
+        for o in storage.list(f"signatures/{digest}/")
     )
+
+
+def _signature_line(storage: Storage, trust: Trust | None, revision: int) -> str:
+    """Who signed one stored revision: verified key ids with ``trust``, else those found;
+    an unsigned or refused revision says so."""
+    data = storage.read(revision_key(revision))
+    found = _found_signers(storage, digest_bytes(data))
     if not found:
-        return None
-    return f"revision {m.revision} has signatures of {', '.join(found)} (unverified: no --trust)"
+        return f"revision {revision} unsigned"
+    if trust is None:
+        return f"revision {revision} has signatures of {', '.join(found)} (unverified: no --trust)"
+    try:
+        valid = trust.check_revision(storage, revision, data, fresh=False)
+    except SignatureInvalidError as exc:
+        return f"revision {revision} INVALID: {exc}"
+    ids = ", ".join(k[:16] for k in valid)
+    return f"revision {revision} signed by {ids} (trust root version {trust.root.version})"
+
+
+def signature_lines(c: Chain) -> list[str]:
+    """One line per stored manifest revision, oldest first (the head last), saying who
+    signed it (with ``c.trust``, checked as SG-2..SG-4 but not for expiry); none for a
+    chain without any signature, whose log is unchanged."""
+    if c.trust is not None:
+        c.trust.update(c.storage)
+    lines = [_signature_line(c.storage, c.trust, r) for r in c.revisions()]
+    if c.trust is None and all(line.endswith(" unsigned") for line in lines):
+        return []
+    return lines
 
 
 def check_signatures(manifest: Path, storage: Storage, trust_file: Path) -> list[str]:
@@ -178,7 +202,9 @@ def register_signing(
     p.add_argument("--revision", type=int, default=None, help="revision (default: the head)")
     p.add_argument("--expires-days", type=float, default=7.0, help="validity in days (7)")
     p.set_defaults(func=_cmd_sign)
-    p = sub.add_parser("refresh", help="republish the head, freshly signed (against 'frozen')")
+    p = sub.add_parser(
+        "refresh", help="republish the head, freshly signed or dated (against 'frozen')"
+    )
     common(p)
     signing_args(p)
     p.set_defaults(func=_cmd_refresh)
