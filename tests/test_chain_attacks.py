@@ -244,3 +244,29 @@ def test_fast_forward(tmp_path: Path) -> None:
     far.unlink()  # the storage's owner removes it
     s.publish()
     assert s.pull(node).version.number == 2
+
+
+def test_in_memory_follower_keeps_the_revocation(tmp_path: Path) -> None:
+    """load / follow_weights with a state file keep the newest root beside it, as pull
+    keeps it beside its checkpoint: a restarted follower is not fooled by a deleted root."""
+    t = signed_chain(tmp_path, keys=["alice", "carol"], threshold=1, signers=["alice"])
+    old = chain.read_root_file(t.root)
+    root_file(t.tmp / "root2.json", "test/run", ["alice"], 1, ["alice"], previous=old)
+    root2 = t.store / "trust" / "root-000000000002.json"
+    root2.write_bytes((t.tmp / "root2.json").read_bytes())
+    state = tmp_path / "follower" / "state.json"
+    state.parent.mkdir()
+    weights, _ = chain.load(t.node_chain(), trust=t.root, state=state)  # walks to root 2
+    assert chain.read_root_file(root_state_beside(state)).version == 2
+    root2.unlink()  # the attacker deletes the revocation and signs with the stolen key
+    _forge_revision(t, "carol")
+    with pytest.raises(WdeltaError) as info:
+        chain.load(t.node_chain(), trust=t.root, state=state)
+    assert info.value.category == "signature-invalid"
+    before = {name: w.copy() for name, w in weights.items()}
+    polls = chain.follow_weights(t.node_chain(), weights, at=1, trust=t.root, state=state,
+                                 max_polls=1, interval=0.0)  # fmt: skip
+    with pytest.raises(WdeltaError) as info:  # its first read of the head is refused
+        list(polls)
+    assert info.value.category == "signature-invalid"
+    assert all((weights[n] == before[n]).all() for n in before)

@@ -52,7 +52,7 @@ from .pull import pull
 from .remote_delta import RemoteDelta
 from .storage.base import Progress
 from .store import Chain, as_chain
-from .trust import Trust, as_trust
+from .trust import Trust, as_trust, keep_newest_root, root_state_beside
 
 _WRITE_ELEMENTS = 1 << 22
 
@@ -197,19 +197,31 @@ def load(
     ``device`` None gives NumPy arrays, else torch tensors on that device.
     Without a cache on ``chain`` the downloads go to a temporary one, removed
     afterwards (``chain.cache`` stays None).  ``state``: the acceptance state
-    file (RD-1, as ``pull``'s); None keeps none.  ``max_age``: seconds, as
+    file (RD-1, as ``pull``'s; with ``trust``, the newest trust root walked to is
+    kept beside it too); None keeps none.  ``max_age``: seconds, as
     ``pull``'s (a head published longer ago is refused, ``frozen``).
     """
     chain = as_chain(chain)
+    if trust is not None:
+        chain.trust = as_trust(trust)
+    _keep_roots(chain, state)
     cache = chain.cache
     with tempfile.TemporaryDirectory(prefix="wdelta-load-") as tmp:
         local = Path(tmp) / "model.safetensors"
         try:
-            result = pull(chain, local, to=to, tensors=tensors, trust=trust,
+            result = pull(chain, local, to=to, tensors=tensors,
                           state=Tracker(state, accept_rollback), max_age=max_age)  # fmt: skip
         finally:
             chain.cache = cache  # pull points a missing cache into ``tmp``
         return _load_all(local, tensors, device), result.version
+
+
+def _keep_roots(chain: Chain, state: PathLike | None) -> None:
+    """With a trust policy and a ``state`` file, the newest trust root walked to is
+    kept beside that file (``.STATE.wdelta-root.json``) and resumed from, as ``pull``
+    keeps it beside its checkpoint; without a state file it lives in memory only."""
+    if chain.trust is not None and state is not None:
+        keep_newest_root(chain.trust, chain.storage, root_state_beside(as_path(state, "state")))
 
 
 def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partial: bool) -> int:
@@ -235,6 +247,7 @@ def _advance(
     """Apply the links from ``current`` to the head, yielding each version reached;
     the head revision is accepted once the weights reached its head (and, with
     ``max_age`` seconds, only if it was published within them)."""
+    _keep_roots(chain, tracker.path)
     m, digest = tracker.head(chain)
     check_fresh(m, max_age)
     plan = None
@@ -316,7 +329,8 @@ def follow_weights(
     ``trust``: a trust policy, as for ``pull`` (refused revisions are failed steps).
 
     ``state``: a file keeping the accepted head revision across restarts
-    (RD-1, as ``pull``'s); None keeps it in memory only.  A head lower than
+    (RD-1, as ``pull``'s; with ``trust``, the newest trust root walked to is
+    kept beside it too); None keeps both in memory only.  A head lower than
     the accepted one, or a rewritten one, fails the poll (manifest-invalid,
     reported and retried like any failure); ``accept_rollback`` accepts the
     first head whatever it is.  ``max_age`` (seconds): a head published
@@ -333,6 +347,7 @@ def follow_weights(
     if chain.cache is None:
         raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
     tracker = Tracker(state, accept_rollback)
+    _keep_roots(chain, state)
     current = _start(tracker.head(chain)[0], weights, at, tensors is not None)
     failures, polls = 0, 0
     while max_polls is None or polls < max_polls:

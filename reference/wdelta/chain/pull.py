@@ -44,7 +44,7 @@ from .partial_snapshot import extract_remote
 from .storage.base import Progress
 from .storage.local import LocalStorage
 from .store import Chain, as_chain
-from .trust import Trust, as_trust, root_state_beside
+from .trust import Trust, as_trust, keep_newest_root, root_state_beside
 
 _REPLANS = 3
 
@@ -259,9 +259,7 @@ def pull(
     tracker = _tracker(chain, state, local, accept_rollback)
     roots = None if chain.trust is None or state is False else root_state_beside(local)
     if roots is not None and chain.trust is not None:
-        chain.trust.resume(roots)
-        chain.trust.update(chain.storage)  # SG-2 now, so that a newer root is kept even if
-        chain.trust.persist(roots)  # the revision is then refused
+        keep_newest_root(chain.trust, chain.storage, roots)
     for attempt in range(_REPLANS):
         m, digest = tracker.head(chain)
         check_fresh(m, max_age)

@@ -203,6 +203,16 @@ def _read_small(storage: Storage, key: str) -> bytes | None:
     return storage.read(key)
 
 
+def keep_newest_root(policy: Trust, storage: Storage, path: Path) -> None:
+    """Resume ``policy`` from the root kept in ``path``, walk the chain's newer roots
+    (SG-2) and keep the newest in ``path``, so that a revocation survives a restart.
+    The walk comes before any revision is read: a newer root is kept even if the
+    revision is then refused."""
+    policy.resume(path)
+    policy.update(storage)
+    policy.persist(path)
+
+
 def root_state_beside(local: Path) -> Path:
     """Where a node keeps the newest trust root it accepted: ``.NAME.wdelta-root.json``."""
     return local.parent / f".{local.name}.wdelta-root.json"
