@@ -585,3 +585,25 @@ def test_verify_strict_writer_command(tmp_path: Path) -> None:
     wrong = verify(good, "--base", str(base), "--target", str(base), "--strict-writer")
     assert wrong.returncode == 2 and "is not the target" in wrong.stderr
     assert verify(good, "--strict-writer").returncode == 2
+
+
+def test_python_dash_m_entry_point() -> None:
+    """``python -m wdelta.conformance`` is ``wdelta conformance``: output, exit status
+    and the one-line error contract."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "wdelta.conformance", *args],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    listed = run("run", "--list", "--filter", "encoder/*", "--vectors", str(VECTORS))
+    assert listed.returncode == 0 and listed.stdout.startswith("encoder/"), listed.stderr
+    wrong = run("run", "--filter", "no/such/case", "--vectors", str(VECTORS))
+    assert wrong.returncode == 2 and wrong.stderr.splitlines() == [
+        "error: bad-argument: no case matches ['no/such/case']"
+    ]
+    # An OS error after the run was a traceback through the old entry point.
+    unwritable = run("run", "--filter", "reader/valid/host", "--vectors", str(VECTORS),
+                     "--json-report", "/nonexistent-folder/r.json")  # fmt: skip
+    assert unwritable.returncode == 1
+    assert unwritable.stderr.splitlines()[0].startswith("error: io-error: cannot create a file")
+    assert len(unwritable.stderr.splitlines()) == 1

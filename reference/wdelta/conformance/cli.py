@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..errors import BadArgumentError, WdeltaError
+from ..errors import BadArgumentError
 from ..terminal import printable
 from . import report
 from .impl import Implementation, Reference, Templates
@@ -136,19 +136,9 @@ def run_command(args: argparse.Namespace) -> int:
     return 0 if report.passed(results) else 1
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise BadArgumentError(message)
-
-
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """``python -m wdelta.conformance``."""
-    parser = _Parser(prog="python -m wdelta.conformance",
-                     description="The wdelta conformance suite.")  # fmt: skip
-    add_subcommands(parser)
-    try:
-        status = run_command(parser.parse_args(argv))
-    except WdeltaError as exc:
-        print(printable(f"error: {exc.category}: {exc}"), file=sys.stderr)
-        status = 2
-    sys.exit(status)
+    """``python -m wdelta.conformance ARGS``: the same as ``wdelta conformance ARGS``,
+    through the main CLI so that signals, OS errors and bugs get its one-line contract."""
+    from ..cli import run  # the main CLI imports this module: import it only here
+
+    sys.exit(run(["conformance", *(sys.argv[1:] if argv is None else argv)]))
