@@ -191,18 +191,21 @@ class FailingStorage(Wrapped):
             yield block
 
 
-def folder_history(folder: Path, rows: int, cols: int) -> tuple[Path, list[Path]]:
-    """A folder chain ``folder/store`` of versions 0..3 (revisions 1..4) with
-    snapshots at 0 and 3, and the four checkpoints it was made from."""
+def folder_history(
+    folder: Path, rows: int, cols: int, last: int = 3, snapshots: tuple[int, ...] = (3,)
+) -> tuple[Path, list[Path]]:
+    """A folder chain ``folder/store`` of versions 0..``last`` (revisions 1..last+1),
+    with a snapshot at 0 and at each of ``snapshots``, and the checkpoints it was
+    made from (``Trainer(rows, cols)`` steps)."""
     t = Trainer(rows=rows, cols=cols)
     ckpts = [t.save(folder / "ck0.safetensors")]
     c = chain.Chain(chain.LocalStorage(folder / "store"), folder / "writer-cache")
     chain.init(c, ckpts[0], step=0)
-    for n in range(1, 4):
+    for n in range(1, last + 1):
         t.step(n)
         ckpts.append(t.save(folder / f"ck{n}.safetensors"))
         chain.append(c, ckpts[n], ckpts[n - 1], step=n,
-                     options=chain.AppendOptions(snapshot=n == 3))  # fmt: skip
+                     options=chain.AppendOptions(snapshot=n in snapshots))  # fmt: skip
     return folder / "store", ckpts
 
 

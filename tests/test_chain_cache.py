@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import wdelta
-from chainkit import Trainer
+from chainkit import folder_history
 from wdelta import chain
 from wdelta.chain import cachegc
 
@@ -25,15 +25,7 @@ ENV["PYTHONPATH"] = str(Path(wdelta.__file__).resolve().parent.parent)
 @pytest.fixture
 def history(tmp_path: Path) -> tuple[Path, list[Path]]:
     """A folder chain of versions 0..3 (snapshot at 0)."""
-    t = Trainer(rows=32, cols=256)
-    ckpts = [t.save(tmp_path / "ck0.safetensors")]
-    c = chain.Chain(chain.LocalStorage(tmp_path / "store"), tmp_path / "writer-cache")
-    chain.init(c, ckpts[0], step=0)
-    for n in range(1, 4):
-        t.step(n)
-        ckpts.append(t.save(tmp_path / f"ck{n}.safetensors"))
-        chain.append(c, ckpts[n], ckpts[n - 1], step=n)
-    return tmp_path / "store", ckpts
+    return folder_history(tmp_path, 32, 256, snapshots=())
 
 
 def cache_bytes(cache: Path) -> int:

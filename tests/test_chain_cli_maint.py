@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 import wdelta
-from chainkit import Trainer
+from chainkit import folder_history
 from kit import tree_hashes
-from wdelta import chain
 
 WDELTA = Path(sys.executable).parent / "wdelta"
 ENV = {**os.environ, "PYTHONPATH": str(Path(wdelta.__file__).resolve().parent.parent)}
@@ -30,16 +29,7 @@ def run(*args: object) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def store(tmp_path: Path) -> tuple[Path, list[Path]]:
     """A folder chain of versions 0..4 (snapshots at 0 and 4) and the checkpoints."""
-    t = Trainer(rows=32, cols=128)
-    ckpts = [t.save(tmp_path / "ck0.safetensors")]
-    c = chain.Chain(chain.LocalStorage(tmp_path / "store"), tmp_path / "writer-cache")
-    chain.init(c, ckpts[0], step=0)
-    for n in range(1, 5):
-        t.step(n)
-        ckpts.append(t.save(tmp_path / f"ck{n}.safetensors"))
-        options = chain.AppendOptions(snapshot=n == 4)
-        chain.append(c, ckpts[n], ckpts[n - 1], step=n, options=options)
-    return tmp_path / "store", ckpts
+    return folder_history(tmp_path, 32, 128, last=4, snapshots=(4,))
 
 
 def test_prune_dry_run_removes_nothing(store: tuple[Path, list[Path]]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from chainkit import Trainer
+from chainkit import Trainer, folder_history
 from wdelta import chain
 from wdelta.chain import partial
 from wdelta.chain.storage.base import Storage
@@ -37,15 +37,7 @@ class Counting(chain.LocalStorage):
 @pytest.fixture
 def history(tmp_path: Path) -> tuple[Path, list[Path]]:
     """Versions 0..2 of three 512 KiB bf16 layers; a snapshot of version 0 only."""
-    t = Trainer(rows=256, cols=1024)
-    ckpts = [t.save(tmp_path / "ck0.safetensors")]
-    c = chain.Chain(chain.LocalStorage(tmp_path / "store"), tmp_path / "writer-cache")
-    chain.init(c, ckpts[0], step=0)
-    for n in (1, 2):
-        t.step(n)
-        ckpts.append(t.save(tmp_path / f"ck{n}.safetensors"))
-        chain.append(c, ckpts[n], ckpts[n - 1], step=n)
-    return tmp_path / "store", ckpts
+    return folder_history(tmp_path, 256, 1024, last=2, snapshots=())
 
 
 def expected(ckpt: Path, pattern: str, digest: str, out: Path) -> bytes:
