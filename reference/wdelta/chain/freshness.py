@@ -8,7 +8,6 @@ catches an attacker replaying a stale revision).
 
 from __future__ import annotations
 
-import calendar
 import math
 import re
 import time
@@ -16,6 +15,7 @@ import time
 from ..errors import BadArgumentError
 from .errors import FrozenError
 from .manifest import Manifest
+from .trust import parse_time
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
@@ -48,7 +48,7 @@ def published(m: Manifest) -> int | None:
     if match is None:
         return None
     try:
-        return calendar.timegm(time.strptime(match[1], "%Y-%m-%dT%H:%M:%S"))
+        return parse_time(match[1] + "Z")
     except ValueError:
         return None
 
