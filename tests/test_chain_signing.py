@@ -19,7 +19,7 @@ from wdelta import chain
 from wdelta.chain import signing, trust
 from wdelta.chain.trust import Trust, revision_payload, sign_revision, signature_key
 from wdelta.digest import digest_bytes
-from wdelta.errors import WdeltaError
+from wdelta.errors import BadArgumentError, WdeltaError
 
 
 def test_canonical_form_is_sorted_compact_ascii() -> None:
@@ -277,3 +277,15 @@ def test_the_kept_root_must_be_of_the_same_chain(tmp_path: Path) -> None:
     assert info.value.category == "bad-argument" and "other/run" in str(info.value)
     kept.unlink()
     assert s.pull(chain.Chain(s.store, tmp_path / "ncache", trust=s.root)).version.number == 1
+
+
+def test_a_fifo_or_folder_as_a_key_or_trust_file_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO put where a trust root or key goes must not hang the node (its size
+    is 0 to stat, and reading it would block for a writer)."""
+    fifo = tmp_path / "root.json"
+    os.mkfifo(fifo)
+    for read in (chain.read_root_file, signing.load_signing_key, signing.load_public_key):
+        with pytest.raises(BadArgumentError, match="not a file"):
+            read(fifo)
+        with pytest.raises(BadArgumentError, match="a folder"):
+            read(tmp_path)

@@ -20,8 +20,6 @@ revision once a pull from it succeeded.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from ..errors import BadArgumentError, StorageError, WdeltaError
 from ..output_file import pwrite_all
 from .errors import ManifestInvalidError
 from .manifest import Manifest, read_manifest, utc_now
+from .smallfile import read_regular
 
 FORMAT = "wdelta-chain-accepted"
 # A state file is about 200 bytes; anything far larger is not one (checked
@@ -79,21 +78,9 @@ def load(path: PathLike) -> Accepted | None:
     """The state in ``path``; None if there is none yet. A damaged file is refused."""
     path = as_path(path, "state")
     try:
-        # O_NONBLOCK: a FIFO put there must not hang the node (refused below).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        data = read_regular(path, MAX_STATE_BYTES, lambda why: _refuse(path, why))
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        raise StorageError(f"cannot read the acceptance state {path}: {exc}") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _refuse(path, "a folder" if stat.S_ISDIR(info.st_mode) else "not a file")
-        if info.st_size > MAX_STATE_BYTES:
-            raise _refuse(path, f"{info.st_size} bytes, a state file has at most {MAX_STATE_BYTES}")
-        data = b"".join(iter(lambda: os.read(fd, MAX_STATE_BYTES + 1), b""))
-    finally:
-        os.close(fd)
     return parse(data, path)
 
 

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from .. import strictjson
 from ..atomic import atomic_file
 from ..errors import BadArgumentError, StorageError
+from .smallfile import read_regular
 
 PRIVATE_FORMAT = "wdelta-signing-key"
 PUBLIC_FORMAT = "wdelta-public-key"
@@ -100,13 +101,9 @@ def generate() -> SigningKey:
 def read_json(path: Path, what: str) -> dict[str, Any]:
     """A small JSON object from ``path``; anything else is a bad argument."""
     try:
-        size = path.stat().st_size
-        if size > MAX_DOCUMENT:
-            raise BadArgumentError(f"{path} is {size} bytes: not a {what}")
-        data = path.read_bytes()
-    except IsADirectoryError as exc:
-        raise BadArgumentError(f"{path} is a folder, not a {what}") from exc
-    except OSError as exc:
+        data = read_regular(path, MAX_DOCUMENT, lambda why: BadArgumentError(
+            f"{path} is {why}: not a {what}"))  # fmt: skip
+    except FileNotFoundError as exc:
         raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
         raw = strictjson.loads(data, BadArgumentError, f"{path}")
