@@ -3,12 +3,13 @@
     python bench/valuepairs.py BASE TARGET [BASE TARGET ...]
 
 For each pair, writes the delta with coded values (the default, SPEC §7.6.6,
-feature ``coded-values``) and as a plain v1 file (``compact=False``: values
-as byte planes) and prints each one's data section (blobs only, no header)
-over the zeroth-order information bound of bench/bound.py (per chunk of the
-delta's chunking), the encode and decode times (fastest of ``--rounds``,
-default 3, interleaved; in-process, files in the page cache) and the fp8
-scale tensors (names ending ``scale_inv``) over their own bound.
+feature ``coded-values``) and with byte-plane values (the encoder's
+``DiffOptions(coded_values=False)``; both with the compact header) and
+prints each one's data section (blobs only, no header) over the
+zeroth-order information bound of bench/bound.py (per chunk of the delta's
+chunking), the encode and decode CPU times of the process (fastest of
+``--rounds``, default 3, interleaved; threads=1, files in the page cache)
+and the fp8 scale tensors (names ending ``scale_inv``) over their own bound.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bound import Bound, chunk_bound, information_bound
 
 import wdelta
 from wdelta import open_checkpoint
+from wdelta.encoder import DiffOptions, diff_checkpoints
 
 
 def tensor_bound(base: Path, target: Path, chunk_elements: int, suffix: str) -> float:
@@ -47,9 +49,15 @@ def _stored(delta: Path, suffix: str) -> tuple[int, int]:
 
 
 def _timed(fn: Callable[..., object], rounds: list[float], *args: object, **kw: object) -> None:
-    start = time.perf_counter()
+    start = time.process_time()
     fn(*args, **kw)
-    rounds.append(time.perf_counter() - start)
+    rounds.append(time.process_time() - start)
+
+
+def _diff(base: Path, target: Path, out: Path, coded: bool) -> None:
+    opts = DiffOptions(threads=1, coded_values=coded)
+    with open_checkpoint(base) as b, open_checkpoint(target) as t:
+        diff_checkpoints(b, t, out, opts, overwrite=True)
 
 
 def measure(base: Path, target: Path, folder: Path, rounds: int) -> str:
@@ -57,17 +65,17 @@ def measure(base: Path, target: Path, folder: Path, rounds: int) -> str:
     scales = tensor_bound(base, target, 1 << 22, "scale_inv")
     times: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
     for _ in range(rounds):
-        for compact in (True, False):
-            delta, out = folder / f"{compact}.wdelta", folder / f"{compact}.safetensors"
-            enc, dec = times[compact]
-            _timed(wdelta.diff, enc, base, target, delta, compact=compact, overwrite=True)
-            _timed(wdelta.apply, dec, base, delta, out, overwrite=True)
+        for coded in (True, False):
+            delta, out = folder / f"{coded}.wdelta", folder / f"{coded}.safetensors"
+            enc, dec = times[coded]
+            _timed(_diff, enc, base, target, delta, coded)
+            _timed(wdelta.apply, dec, base, delta, out, overwrite=True, threads=1)
             if out.read_bytes() != target.read_bytes():
                 raise SystemExit(f"round trip differs: {delta}")
     cells = []
-    for compact, label in ((True, "coded"), (False, "planes")):
-        data, part = _stored(folder / f"{compact}.wdelta", "scale_inv")
-        enc, dec = (min(t) * 1e3 for t in times[compact])
+    for coded, label in ((True, "coded"), (False, "planes")):
+        data, part = _stored(folder / f"{coded}.wdelta", "scale_inv")
+        enc, dec = (min(t) * 1e3 for t in times[coded])
         scale = f", scales {part / scales:.2f}x" if scales else ""
         cells.append(
             f"{label} {data / bound:.3f}x bound{scale}, enc {enc:.0f} ms, dec {dec:.0f} ms"
