@@ -416,6 +416,14 @@ def follow_weights(
     ``backoff[1]``.  The chain needs a cache folder.
     ``trust``: a trust policy, as for ``pull`` (refused revisions are failed steps).
 
+    What each link hashes (``apply_inplace``'s default, SPEC §10.2): every
+    tensor it modifies, once, on its output (which proves the input: the
+    chunks map words one to one), and, before the first write, the inputs
+    that no output proves: unchanged tensors, tensors with ``full`` chunks,
+    removed tensors.  Those were verified at the previous version too, but
+    nothing proves that the weights were not written since (the caller holds
+    them between versions), so they are hashed again.
+
     ``state``: a file keeping the accepted head revision across restarts
     (RD-1, as ``pull``'s; with ``trust``, the newest trust root walked to is
     kept beside it too); None keeps both in memory only.  A head lower than
