@@ -10,7 +10,8 @@ round, rounds interleaved:
             page cache first (``fsync`` then ``posix_fadvise(POSIX_FADV_DONTNEED)``, no root
             needed: the reload reads the disk); and in the page cache followed by the
             checkpoint digest of the reloaded tensors compared with the target's (the check
-            ``apply_inplace`` makes by default);
+            ``apply_inplace`` makes by default); and that digest alone (the floor of any
+            checked apply, and of a publish, which must hash the new weights);
 - apply:    ``wdelta.apply_inplace(live, delta)`` (default: every output digest checked,
             which proves the inputs of sparse/dense tensors; the others hashed first),
             with ``verify_input=True`` (every input hashed before the first write too:
@@ -46,13 +47,14 @@ import datetime
 import functools
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import cases
 import torch
@@ -64,10 +66,26 @@ from wdelta import chain, synthetic
 OUT = Path(__file__).resolve().parent / "out"
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+class Time(NamedTuple):
+    """Wall seconds and this process's CPU seconds (user + system, all threads)."""
+
+    wall: float
+    cpu: float
+
+    def __add__(self, other: object) -> Time:
+        assert isinstance(other, Time)
+        return Time(self.wall + other.wall, self.cpu + other.cpu)
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(fn: Callable[[], Any]) -> Time:
+    cpu, start = _cpu(), time.perf_counter()
     fn()
-    return time.perf_counter() - start
+    return Time(time.perf_counter() - start, _cpu() - cpu)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -81,8 +99,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _rounds(values: list[float]) -> dict[str, Any]:
-    return {"best": min(values), "rounds": values}
+def _rounds(values: list[Time]) -> dict[str, Any]:
+    walls, cpus = [v.wall for v in values], [v.cpu for v in values]
+    return {"best": min(walls), "rounds": walls, "best_cpu": min(cpus), "cpu_rounds": cpus}
 
 
 def evict(path: Path) -> None:
@@ -102,9 +121,9 @@ def measure_apply(case: cases.Case, delta: Path, args: argparse.Namespace) -> di
     live = load_file(str(case.base))
     with wdelta.open_delta(delta) as d:
         target_digest = d.header.raw["target"]["digest"]
-    names = ("reload", "reload_cold", "reload_verified", "apply", "apply_verify_input",
-             "apply_unverified_output")  # fmt: skip
-    times: dict[str, list[float]] = {n: [] for n in names}
+    names = ("reload", "reload_cold", "reload_verified", "digest", "apply",
+             "apply_verify_input", "apply_unverified_output")  # fmt: skip
+    times: dict[str, list[Time]] = {n: [] for n in names}
 
     def reload() -> None:
         for k, v in load_file(str(case.target)).items():
@@ -125,19 +144,20 @@ def measure_apply(case: cases.Case, delta: Path, args: argparse.Namespace) -> di
         times["reload_cold"].append(timed(reload))
         times["reload"].append(timed(reload))  # the cold reload left the file cached
         times["reload_verified"].append(timed(reload_verified))
+        times["digest"].append(timed(lambda: chain.weights_digest(live)))
         to_base()
         _time_applies(live, delta, args, times)
         if r == 0:
             wdelta.apply_inplace(live, delta, threads=args.threads)
             wdelta.verify_weights(live, delta)  # the apply is bit-exact, once per run
             wdelta.apply_inplace(live, delta, reverse=True, threads=args.threads)
-        print(f"[live] round {r}: " + ", ".join(f"{n} {times[n][-1]:.3f}s" for n in names),
+        print(f"[live] round {r}: " + ", ".join(f"{n} {times[n][-1].wall:.3f}s" for n in names),
               file=sys.stderr)  # fmt: skip
     return {n: _rounds(times[n]) for n in names}
 
 
 def _time_applies(
-    live: dict[str, Any], delta: Path, args: argparse.Namespace, times: dict[str, list[float]]
+    live: dict[str, Any], delta: Path, args: argparse.Namespace, times: dict[str, list[Time]]
 ) -> None:
     """The three applies, each timed forward from the base and undone untimed."""
     variants = {"apply": {}, "apply_verify_input": {"verify_input": True},
@@ -162,7 +182,7 @@ def measure_publish(case: cases.Case, args: argparse.Namespace, tmp: Path) -> di
     vs Publisher.publish(target) after the base, interleaved round by round."""
     base, target = load_file(str(case.base)), load_file(str(case.target))
     names = ("save_file", "save_file_fsync", "save_and_store", "publish")
-    times: dict[str, list[float]] = {n: [] for n in names}
+    times: dict[str, list[Time]] = {n: [] for n in names}
     sizes = []
     out = tmp / "full.safetensors"
     for r in range(args.repeat):
@@ -177,33 +197,33 @@ def measure_publish(case: cases.Case, args: argparse.Namespace, tmp: Path) -> di
         times["save_and_store"].append(times["save_file"][-1] + stored)
         out.unlink()
         shutil.rmtree(tmp / "full-store")
-        seconds, size = _time_publish(base, target, args, tmp / f"chain{r}")
-        times["publish"].append(seconds)
+        took, size = _time_publish(base, target, args, tmp / f"chain{r}")
+        times["publish"].append(took)
         sizes.append(size)
-        print(f"[live] round {r}: " + ", ".join(f"{n} {times[n][-1]:.3f}s" for n in names),
+        print(f"[live] round {r}: " + ", ".join(f"{n} {times[n][-1].wall:.3f}s" for n in names),
               file=sys.stderr)  # fmt: skip
     return {**{n: _rounds(times[n]) for n in names}, "delta_bytes": sizes[0]}
 
 
 def _time_publish(
     base: dict[str, Any], target: dict[str, Any], args: argparse.Namespace, folder: Path
-) -> tuple[float, int]:
-    """Seconds of ``publish(target)`` after an untimed ``publish(base)``; link bytes."""
+) -> tuple[Time, int]:
+    """Time of ``publish(target)`` after an untimed ``publish(base)``; link bytes."""
     c = chain.Chain(chain.open_storage(str(folder / "store")), cache=folder / "cache")
     pub = chain.Publisher(c, options=chain.AppendOptions(threads=args.threads))
     pub.publish(base, step=0)
     os.sync()  # the 1 GB version 0 written just now would be flushed by the timed fsync
-    start = time.perf_counter()
-    m = pub.publish(target, step=1)
-    seconds = time.perf_counter() - start
+    took = timed(lambda: pub.publish(target, step=1))
+    size = c.head().links[-1].size
     shutil.rmtree(folder)
-    return seconds, m.links[-1].size
+    return took, size
 
 
 ROWS = [
     ("apply", "reload", "reload: load_file + copy_ (file in the page cache)"),
     ("apply", "reload_cold", "reload, file evicted from the page cache first"),
     ("apply", "reload_verified", "reload (page cache) + checkpoint digest of the result"),
+    ("apply", "digest", "checkpoint digest alone (BLAKE3 of every byte, in memory)"),
     ("apply", "apply", "apply_inplace (default: outputs hashed, inputs implied)"),
     ("apply", "apply_verify_input", "apply_inplace (verify_input=True: inputs hashed first too)"),
     ("apply", "apply_unverified_output", "apply_inplace (verify_output=False: inputs only)"),
@@ -227,23 +247,26 @@ def markdown(case: cases.Case, res: dict[str, Any]) -> str:
     def row(part: str, key: str, label: str) -> str:
         entry = res[part][key]
         rounds = ", ".join(f"{s:.3f}" for s in entry["rounds"])
-        return f"| {label} | {entry['best']:.3f} s | {rounds} |"
+        return f"| {label} | {entry['best']:.3f} s | {rounds} | {entry['best_cpu']:.3f} s |"
 
     def ratio(part: str, base: str, what: str, label: str, goal: float | None) -> str:
         x = res[part][base]["best"] / res[part][what]["best"]
+        cpu = res[part][base]["best_cpu"] / res[part][what]["best_cpu"]
         verdict = "" if goal is None else f" (target {goal:g}x: {'PASS' if x >= goal else 'FAIL'})"
-        return f"- {label}: {x:#.3g}x{verdict}"
+        return f"- {label}: {x:#.3g}x{verdict}; CPU time {cpu:#.3g}x"
 
     return "\n".join([
         f"Case: {case.name}, {case.spec.elements / 1e6:.0f} M elements, "
         f"{case.spec.nbytes / 1e9:.2f} GB bf16, achieved density {case.achieved_density:.2%}, "
         f"delta {res['publish']['delta_bytes'] / 1e6:.1f} MB",
         "",
-        "| measurement | best | rounds |",
-        "|---|---|---|",
+        "| measurement | best (wall) | rounds (wall) | best CPU time |",
+        "|---|---|---|---|",
         *(row(*r) for r in ROWS),
         "",
-        "Ratios: baseline's best time / wdelta's best time (above 1: wdelta faster).",
+        "Ratios: baseline's best time / wdelta's best time (above 1: wdelta faster). CPU time",
+        "is this process's user + system time, all threads: less disturbed by other work on",
+        "the machine than wall time, but blind to waiting for the disk (fsync, cold reads).",
         "",
         *(ratio(*r) for r in RATIOS),
         "",
