@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -53,6 +53,7 @@ class _Plan:
     target: Tensor | None
     chunks: list[dict[str, Any]] = field(default_factory=list)
     digests: dict[str, Any] = field(default_factory=dict)
+    base_known: bool = False  # base_digest given by the caller: its words are not hashed
 
     @property
     def tensor(self) -> Tensor:
@@ -135,6 +136,8 @@ def _read(task: _Task, which: int, seq: Sequencer, buffers: _Buffers) -> Words |
     if tensor is None:
         return None
     words = tensor.read(task.start, task.count, buffers.get(which))
+    if which == 0 and task.item.base_known:
+        return words
     task.digests.feed(seq, which, task.index, words)
     if task.last:
         key = ("base_digest", "target_digest")[which]
@@ -212,7 +215,7 @@ class _BlobWriter:
 
 
 def _empty_digests(plan: _Plan) -> None:
-    if plan.base is not None:
+    if plan.base is not None and not plan.base_known:
         plan.digests["base_digest"] = EMPTY_DIGEST
     if plan.target is not None:
         plan.digests["target_digest"] = EMPTY_DIGEST
@@ -297,10 +300,14 @@ def _header_bytes(
 def diff_checkpoints(
     base: Checkpoint, target: Checkpoint, out: Path, opts: DiffOptions,
     progress: Progress | None = None, *, overwrite: bool = False,
+    base_digests: Mapping[str, str] | None = None,
 ) -> Path:  # fmt: skip
     """Write the delta base -> target to ``out`` atomically; returns ``out``.
 
-    An existing ``out`` is refused unless ``overwrite``.
+    An existing ``out`` is refused unless ``overwrite``.  ``base_digests``
+    (tensor name -> BLAKE3 hex) are taken as the base tensors' digests instead
+    of hashing them: the caller vouches for them (a publisher's own copy of
+    the weights it published); tensors not named there are hashed.
 
     Blobs are written first, from the start of the temporary file; prefix and
     header are put in front of them once the header is known (:func:`_prepend`).
@@ -309,6 +316,9 @@ def diff_checkpoints(
     _check_describable(base, "base")
     _check_describable(target, "target")
     plans = _plans(base, target)
+    for plan in plans:
+        if plan.base is not None and base_digests and plan.base.name in base_digests:
+            plan.digests["base_digest"], plan.base_known = base_digests[plan.base.name], True
     with atomic_file(out, overwrite=overwrite) as fd:
         with os.fdopen(os.dup(fd), "wb") as data:
             blobs = _BlobWriter(data)
