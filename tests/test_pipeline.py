@@ -96,3 +96,30 @@ def test_reads_into_a_scratch_buffer_match_fresh_reads(
             fresh = tensor.read(start, count)
             reused = tensor.read(start, count, scratch)
             assert reused.dtype == fresh.dtype and reused.tobytes() == fresh.tobytes()
+
+
+@given(sizes=tensor_sizes, chunk=st.integers(1, 20))
+def test_only_tensors_of_one_chunk_skip_the_sequencer(sizes: list[int], chunk: int) -> None:
+    """A one-chunk tensor hashes without waiting for a turn (it has no order to keep);
+    every tensor's digests are BLAKE3 of its words, fed in chunk order."""
+    seq = pipeline.Sequencer()
+    turns: list[tuple[int, int]] = []
+    real_turn = seq.turn
+
+    def counted_turn(stream: int, index: int):  # type: ignore[no-untyped-def]
+        turns.append((stream, index))
+        return real_turn(stream, index)
+
+    seq.turn = counted_turn  # type: ignore[method-assign]
+    data = {k: np.arange(n, dtype=np.uint16) * (k + 1) for k, n in enumerate(sizes)}
+    multi = set()
+    for task in _tasks(sizes, chunk):
+        assert task.digests.single == (task.elements <= chunk)
+        words = data[task.item][task.start : task.start + task.count]
+        task.digests.feed(seq, 0, task.index, words)
+        if not task.digests.single:
+            multi.add(task.digests.stream)
+        if task.last:
+            expected = wdelta.digest.digest_bytes(data[task.item].tobytes())
+            assert task.digests.hexdigest(seq, 0) == expected
+    assert {stream for stream, _ in turns} == multi
