@@ -203,3 +203,19 @@ def test_a_signal_while_the_flush_thread_starts_leaves_it_joinable(
         assert sync._thread is None
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_small_writes_beside_direct_ones_are_not_handed_to_writeback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    """Only buffered-only output hands each write to writeback; with direct writes
+    on, small writes wait for the background flush (bytes land either way)."""
+    handed: list[tuple[int, int]] = []
+    monkeypatch.setattr(output_file, "start_writeback", lambda fd, o, n: handed.append((o, n)))
+    pieces = [(0, 100), (ALIGN, output_file.DIRECT_MIN_BYTES - 1)]
+    expected, used = _write_all(tmp_path / "f.bin", pieces, direct)
+    if direct and not used:
+        pytest.skip("no O_DIRECT on this file system")
+    assert (tmp_path / "f.bin").read_bytes() == expected
+    assert handed == ([] if used else pieces)
