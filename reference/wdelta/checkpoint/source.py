@@ -67,6 +67,11 @@ class Tensor:
     def nbytes(self) -> int:
         return self.elements * self.dtype.size
 
+    @property
+    def uses_scratch(self) -> bool:
+        """Whether :meth:`read` reads into a given scratch buffer (a file's tensors)."""
+        return self._reader is None and self._array is None
+
     def read(self, start: int, count: int, scratch: Scratch | None = None) -> Words:
         """Words ``[start, start + count)`` as a new little-endian unsigned array.
 
