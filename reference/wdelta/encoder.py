@@ -29,6 +29,7 @@ from .checkpoint.source import (
 from .container import MAX_HEADER_BYTES, PREFIX_SIZE, pack_prefix
 from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest, digest_bytes
 from .encodings import chunk as chunk_codec
+from .encodings import values as values_coding
 from .errors import BadArgumentError, CheckpointInvalidError, LimitExceededError
 from .header import FORMAT_VERSION, MAX_CHUNK_ELEMENTS
 from .layout import side_json
@@ -102,6 +103,8 @@ class DiffOptions:
     removed tensors, so that the delta also applies target -> base.
     ``compact`` writes the compact header (feature ``compact-header``, SPEC
     §4.11); False writes the v1 form, for readers that predate the feature.
+    ``coded_values`` lets sparse chunks code their values (feature
+    ``coded-values``, SPEC §7.6.6); the feature is listed only if one does.
     """
 
     level: int | None = None
@@ -109,6 +112,7 @@ class DiffOptions:
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
     reversible: bool = True
     compact: bool = True
+    coded_values: bool = True
 
     def check(self) -> None:
         if not 1 <= self.chunk_elements <= MAX_CHUNK_ELEMENTS:
@@ -166,7 +170,9 @@ def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -
     encoded: chunk_codec.Encoded | None
     if plan.op == "modified":
         assert base is not None and target is not None
-        encoded = chunk_codec.encode_modified(base, target, opts.level, not opts.reversible)
+        encoded = chunk_codec.encode_modified(
+            base, target, opts.level, not opts.reversible, opts.coded_values
+        )
     elif plan.op == "added":
         assert target is not None
         encoded = chunk_codec.encode_full(target, opts.level)
@@ -192,12 +198,14 @@ class _BlobWriter:
     def __init__(self, f: BinaryIO) -> None:
         self.f = f
         self.offset = 0
+        self.coded_values = False  # some blob codes its values (feature coded-values)
         self._handed = 0
         self._sync = BackgroundSync(f.fileno())
 
     def add(self, encoded: chunk_codec.Encoded, checksum: str | None) -> dict[str, Any]:
         """The chunk's header fields; its blob (if any, with ``checksum``) is appended."""
         fields = dict(encoded.fields)
+        self.coded_values |= encoded.coded
         if encoded.blob is not None:
             assert checksum is not None
             self.f.write(encoded.blob)
@@ -280,15 +288,16 @@ def _side(ckpt: Checkpoint, entries: list[dict[str, Any]], side: str) -> dict[st
 
 
 def _header_bytes(
-    base: Checkpoint, target: Checkpoint, plans: list[_Plan], opts: DiffOptions
-) -> bytes:
+    base: Checkpoint, target: Checkpoint, plans: list[_Plan], opts: DiffOptions,
+    coded_values: bool = False,
+) -> bytes:  # fmt: skip
     entries = [_entry(p) for p in plans]
     reversible = all(
         c["encoding"] != "full" for e in entries if e["op"] == "modified" for c in e["chunks"]
     ) and all("chunks" in e for e in entries if e["op"] == "removed")
     doc = {
         "version": FORMAT_VERSION,
-        "required_features": [],
+        "required_features": [values_coding.FEATURE] if coded_values else [],
         "generator": f"wdelta-py/{__version__}",
         "zstd_level": "auto" if opts.level is None else opts.level,
         "chunk_elements": opts.chunk_elements,
@@ -340,7 +349,8 @@ def diff_checkpoints(
                 blobs.finish()
             finally:
                 blobs.close()
-        _prepend(fd, _header_bytes(base, target, plans, opts), blobs.offset)
+        header = _header_bytes(base, target, plans, opts, blobs.coded_values)
+        _prepend(fd, header, blobs.offset)
     return out
 
 
