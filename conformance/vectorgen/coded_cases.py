@@ -9,6 +9,7 @@ check, must catch it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from . import checkpoints as ck
@@ -28,6 +29,7 @@ from .codedform import (
     values_of,
 )
 from .common import Pair, add_valid
+from .compactform import form
 from .host import A0, Host
 from .invalid_payload import READ_ALL
 from .rand import random_mask
@@ -38,6 +40,8 @@ DECODE = ("coded values: level j keeps open the values that are not w_j; the oth
           "w_j; the final coding stores the values still open")  # fmt: skip
 S2 = ("S2: the value coding is not 0, or is 1 in a delta whose required_features does not list "
       "coded-values → encoding-invalid")  # fmt: skip
+C2 = ("C2: with coded-values, a compact chunk without z has codec none if its l equals its r, "
+      "zstd otherwise")
 S5 = ("S5: value coding 1: the payload ends before its positions do → encoding-invalid")
 V = {
     1: "V1: L > 8 → encoding-invalid",
@@ -96,9 +100,9 @@ def _plan(name: str, index: int) -> ChunkPlan:
     return ChunkPlan("sparse", "sub" if name in "abd" else "xor", "zstd", coding)
 
 
-def coded_delta(pair: Pair) -> Delta:
+def coded_delta(pair: Pair, plan: Callable[[str, int], ChunkPlan] = _plan) -> Delta:
     """Every sparse chunk recoded with the next configuration."""
-    delta = build(pair.base, pair.target, 32, _plan)
+    delta = build(pair.base, pair.target, 32, plan)
     delta.doc["required_features"] = [FEATURE]
     sizes = {"I8": 1, "BF16": 2, "F32": 4, "F64": 8, "U16": 2}
     turn = 0
@@ -116,12 +120,23 @@ def coded_delta(pair: Pair) -> Delta:
     return delta
 
 
+def _plan_some_raw(name: str, index: int) -> ChunkPlan:
+    plan = _plan(name, index)
+    return replace(plan, codec="none" if index % 2 else plan.codec)
+
+
 def add_coded_valid(suite: Any) -> None:
     pair = _pair()
     add_valid(suite, "valid/coded/widths", pair, coded_delta(pair),
               "coded values in 1-, 2-, 4- and 8-byte words: L = 0 to every distinct word "
               "(the last level keeping nothing), final byte planes and Rice, a split word no "
               "value has, bitmap and Rice positions", SECTION, DECODE)  # fmt: skip
+    compact = coded_delta(pair, _plan_some_raw)
+    compact.form = form()
+    add_valid(suite, "valid/coded/compact", pair, compact,
+              "the same coded values in the compact header form, every other chunk stored "
+              "raw: with coded-values, a chunk without z whose l equals its r has codec none",
+              "§4.11", C2)  # fmt: skip
 
 
 # Invalid cases: chunk 0 of host tensor a (F32, 41 changes), recoded.
