@@ -2,26 +2,34 @@
 
     python bench/live.py                  # the bench's 1 GB bf16 case (500 M elements), 2% step
 
-Side by side in one run, on torch bf16 tensors in this process:
+Side by side in one run, on torch bf16 tensors in this process, every measurement once per
+round, rounds interleaved:
 
-- reload:   ``safetensors.torch.load_file(target)`` + ``copy_`` into the live tensors;
+- reload:   ``safetensors.torch.load_file(target)`` + ``copy_`` into the live tensors, three
+            ways: the file in the page cache (read just before); the file evicted from the
+            page cache first (``fsync`` then ``posix_fadvise(POSIX_FADV_DONTNEED)``, no root
+            needed: the reload reads the disk); and in the page cache followed by the
+            checkpoint digest of the reloaded tensors compared with the target's (the check
+            ``apply_inplace`` makes by default); and that digest alone (the floor of any
+            checked apply, and of a publish, which must hash the new weights);
 - apply:    ``wdelta.apply_inplace(live, delta)`` (default: every output digest checked,
             which proves the inputs of sparse/dense tensors; the others hashed first),
             with ``verify_input=True`` (every input hashed before the first write too:
             two passes over the weights) and with ``verify_output=False`` (inputs only);
-- save:     ``safetensors.torch.save_file`` of the full bf16 target (the trainer's baseline),
-            and that file then stored in a local folder as a chain stores a file (copy,
-            fsync, rename): a full checkpoint published the way ``publish`` publishes;
+            each timed from the base and undone untimed;
+- save:     ``safetensors.torch.save_file`` of the full bf16 target (the trainer's baseline):
+            into the page cache; followed by ``fsync`` (durable); and then stored in a local
+            folder as a chain stores a file (copy, fsync, rename);
 - publish:  ``chain.Publisher.publish(target)`` with the base as the previous published copy
-            in host memory, into a chain in a local folder (diff + upload + manifest).
+            in host memory, into a chain in a local folder (diff + upload with fsync +
+            manifest + the copy brought to the target).
 
-Targets (issue 14): apply >= 5x faster than reload at 2% change, publish >= 2x faster than
-save.  Every timed write starts after ``os.sync()``, so that no fsync flushes an earlier
-step's gigabyte (ext4 commits other files' dirty data with a file's fsync).  Each is timed
-``--repeat`` times, alternately forward and back for apply; the fastest round counts and
-every round is reported, with the 1-minute load average before and after (other work on the
-machine slows every figure).  Files live in ``--dir`` (page cache warm: each file is read once
-before timing).  Markdown to stdout, JSON to ``--json``.
+Targets (issue 14): apply >= 5x faster than reload (page cache) at 2% change, publish >= 2x
+faster than save_file.  Every timed write starts after ``os.sync()``, so that no fsync flushes
+an earlier step's gigabyte (ext4 commits other files' dirty data with a file's fsync).  The
+fastest round counts and every round is reported, with the 1-minute load average before and
+after (other work on the machine slows every figure); ratios have 3 significant digits.  Files
+live in ``--dir``.  Markdown to stdout, JSON to ``--json``.
 
 Flags:
   --dir DIR          data folder (default /work/bench-data; shared with bench/run.py)
@@ -36,15 +44,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import cases
 import torch
@@ -56,10 +66,26 @@ from wdelta import chain, synthetic
 OUT = Path(__file__).resolve().parent / "out"
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+class Time(NamedTuple):
+    """Wall seconds and this process's CPU seconds (user + system, all threads)."""
+
+    wall: float
+    cpu: float
+
+    def __add__(self, other: object) -> Time:
+        assert isinstance(other, Time)
+        return Time(self.wall + other.wall, self.cpu + other.cpu)
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(fn: Callable[[], Any]) -> Time:
+    cpu, start = _cpu(), time.perf_counter()
     fn()
-    return time.perf_counter() - start
+    return Time(time.perf_counter() - start, _cpu() - cpu)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -73,101 +99,176 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _rounds(values: list[float]) -> dict[str, Any]:
-    return {"best": min(values), "rounds": values}
+def _rounds(values: list[Time]) -> dict[str, Any]:
+    walls, cpus = [v.wall for v in values], [v.cpu for v in values]
+    return {"best": min(walls), "rounds": walls, "best_cpu": min(cpus), "cpu_rounds": cpus}
+
+
+def evict(path: Path) -> None:
+    """Drop ``path`` from the page cache (no root needed): its dirty pages written out
+    first, then ``POSIX_FADVISE_DONTNEED`` over the whole file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def measure_apply(case: cases.Case, delta: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """reload (load_file + copy_) vs apply_inplace, on the same live tensors."""
+    """Reloads (page cache warm, cold, with a digest check) vs apply_inplace, on the
+    same live tensors, interleaved round by round."""
     live = load_file(str(case.base))
-    reload_s, apply_s, full_s, fast_s = [], [], [], []
+    with wdelta.open_delta(delta) as d:
+        target_digest = d.header.raw["target"]["digest"]
+    names = ("reload", "reload_cold", "reload_verified", "digest", "apply",
+             "apply_verify_input", "apply_unverified_output")  # fmt: skip
+    times: dict[str, list[Time]] = {n: [] for n in names}
 
     def reload() -> None:
         for k, v in load_file(str(case.target)).items():
             live[k].copy_(v)
 
-    for r in range(args.repeat):
-        # Each round starts and ends with the live tensors at the base.
-        reload_s.append(timed(reload))
+    def reload_verified() -> None:
+        reload()
+        if chain.weights_digest(live) != target_digest:
+            raise AssertionError("the reloaded weights are not the target")
+
+    def to_base() -> None:
         for k, v in load_file(str(case.base)).items():
             live[k].copy_(v)
-        apply_s.append(timed(lambda: wdelta.apply_inplace(live, delta, threads=args.threads)))
-        back = timed(lambda: wdelta.apply_inplace(live, delta, reverse=True, threads=args.threads))
-        full_s.append(timed(lambda: wdelta.apply_inplace(
-            live, delta, verify_input=True, threads=args.threads)))  # fmt: skip
-        wdelta.apply_inplace(live, delta, reverse=True, threads=args.threads)
-        fast_s.append(timed(lambda: wdelta.apply_inplace(
-            live, delta, verify_output=False, threads=args.threads)))  # fmt: skip
+
+    for r in range(args.repeat):
+        # Each round starts and ends with the live tensors at the base.
+        evict(case.target)
+        times["reload_cold"].append(timed(reload))
+        times["reload"].append(timed(reload))  # the cold reload left the file cached
+        times["reload_verified"].append(timed(reload_verified))
+        times["digest"].append(timed(lambda: chain.weights_digest(live)))
+        to_base()
+        _time_applies(live, delta, args, times)
         if r == 0:
+            wdelta.apply_inplace(live, delta, threads=args.threads)
             wdelta.verify_weights(live, delta)  # the apply is bit-exact, once per run
+            wdelta.apply_inplace(live, delta, reverse=True, threads=args.threads)
+        print(f"[live] round {r}: " + ", ".join(f"{n} {times[n][-1].wall:.3f}s" for n in names),
+              file=sys.stderr)  # fmt: skip
+    return {n: _rounds(times[n]) for n in names}
+
+
+def _time_applies(
+    live: dict[str, Any], delta: Path, args: argparse.Namespace, times: dict[str, list[Time]]
+) -> None:
+    """The three applies, each timed forward from the base and undone untimed."""
+    variants = {"apply": {}, "apply_verify_input": {"verify_input": True},
+                "apply_unverified_output": {"verify_output": False}}  # fmt: skip
+    for name, flags in variants.items():
+        run = functools.partial(wdelta.apply_inplace, live, delta, threads=args.threads, **flags)
+        times[name].append(timed(run))
         wdelta.apply_inplace(live, delta, reverse=True, threads=args.threads)
-        print(f"[live] round {r}: reload {reload_s[-1]:.2f}s apply {apply_s[-1]:.2f}s (back "
-              f"{back:.2f}s, verify_input {full_s[-1]:.2f}s, unverified output "
-              f"{fast_s[-1]:.2f}s)", file=sys.stderr)  # fmt: skip
-    return {"reload": _rounds(reload_s), "apply": _rounds(apply_s),
-            "apply_verify_input": _rounds(full_s),
-            "apply_unverified_output": _rounds(fast_s)}  # fmt: skip
+
+
+def _save_durable(target: dict[str, Any], out: Path) -> None:
+    save_file(target, str(out))
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def measure_publish(case: cases.Case, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    """save_file of the full target vs Publisher.publish(target) after the base."""
+    """save_file of the full target (plain, fsynced, stored as a chain stores a file)
+    vs Publisher.publish(target) after the base, interleaved round by round."""
     base, target = load_file(str(case.base)), load_file(str(case.target))
-    save_s, stored_s, publish_s, sizes = [], [], [], []
+    names = ("save_file", "save_file_fsync", "save_and_store", "publish")
+    times: dict[str, list[Time]] = {n: [] for n in names}
+    sizes = []
     out = tmp / "full.safetensors"
     for r in range(args.repeat):
         os.sync()  # no earlier round's dirty pages to flush in this one's fsync
-        save_s.append(timed(lambda: save_file(target, str(out))))
+        times["save_file"].append(timed(lambda: save_file(target, str(out))))
+        out.unlink()
+        os.sync()
+        times["save_file_fsync"].append(timed(lambda: _save_durable(target, out)))
         full = chain.open_storage(str(tmp / "full-store"))
         os.sync()
-        stored_s.append(save_s[-1] + timed(lambda s=full: s.put_file("full.safetensors", out)))
+        stored = timed(lambda s=full: s.put_file("full.safetensors", out))
+        times["save_and_store"].append(times["save_file"][-1] + stored)
         out.unlink()
         shutil.rmtree(tmp / "full-store")
-        store = tmp / f"chain{r}"
-        c = chain.Chain(chain.open_storage(str(store)), cache=tmp / f"cache{r}")
-        opts = chain.AppendOptions(threads=args.threads)
-        pub = chain.Publisher(c, options=opts)
-        pub.publish(base, step=0)
-        os.sync()  # the 1 GB version 0 written just now would be flushed by the timed fsync
-        start = time.perf_counter()
-        m = pub.publish(target, step=1)
-        publish_s.append(time.perf_counter() - start)
-        sizes.append(m.links[-1].size)
-        shutil.rmtree(store)
-        shutil.rmtree(tmp / f"cache{r}", ignore_errors=True)  # made only if a pull ran
-        print(f"[live] round {r}: save_file {save_s[-1]:.2f}s (+ stored {stored_s[-1]:.2f}s) "
-              f"publish {publish_s[-1]:.2f}s", file=sys.stderr)  # fmt: skip
-    return {"save_file": _rounds(save_s), "save_and_store": _rounds(stored_s),
-            "publish": _rounds(publish_s), "delta_bytes": sizes[0]}  # fmt: skip
+        took, size = _time_publish(base, target, args, tmp / f"chain{r}")
+        times["publish"].append(took)
+        sizes.append(size)
+        print(f"[live] round {r}: " + ", ".join(f"{n} {times[n][-1].wall:.3f}s" for n in names),
+              file=sys.stderr)  # fmt: skip
+    return {**{n: _rounds(times[n]) for n in names}, "delta_bytes": sizes[0]}
+
+
+def _time_publish(
+    base: dict[str, Any], target: dict[str, Any], args: argparse.Namespace, folder: Path
+) -> tuple[Time, int]:
+    """Time of ``publish(target)`` after an untimed ``publish(base)``; link bytes."""
+    c = chain.Chain(chain.open_storage(str(folder / "store")), cache=folder / "cache")
+    pub = chain.Publisher(c, options=chain.AppendOptions(threads=args.threads))
+    pub.publish(base, step=0)
+    os.sync()  # the 1 GB version 0 written just now would be flushed by the timed fsync
+    took = timed(lambda: pub.publish(target, step=1))
+    size = c.head().links[-1].size
+    shutil.rmtree(folder)
+    return took, size
+
+
+ROWS = [
+    ("apply", "reload", "reload: load_file + copy_ (file in the page cache)"),
+    ("apply", "reload_cold", "reload, file evicted from the page cache first"),
+    ("apply", "reload_verified", "reload (page cache) + checkpoint digest of the result"),
+    ("apply", "digest", "checkpoint digest alone (BLAKE3 of every byte, in memory)"),
+    ("apply", "apply", "apply_inplace (default: outputs hashed, inputs implied)"),
+    ("apply", "apply_verify_input", "apply_inplace (verify_input=True: inputs hashed first too)"),
+    ("apply", "apply_unverified_output", "apply_inplace (verify_output=False: inputs only)"),
+    ("publish", "save_file", "save_file of the full bf16 copy (page cache)"),
+    ("publish", "save_file_fsync", "save_file + fsync (durable)"),
+    ("publish", "save_and_store", "save_file + stored in a local folder (copy, fsync)"),
+    ("publish", "publish", "Publisher.publish (diff + local chain, fsync)"),
+]
+# (part, baseline, measured, label, target ratio or None)
+RATIOS = [
+    ("apply", "reload", "apply", "apply vs reload (page cache)", 5.0),
+    ("apply", "reload_cold", "apply", "apply vs reload (not in the page cache)", None),
+    ("apply", "reload_verified", "apply", "apply vs reload + digest check", None),
+    ("publish", "save_file", "publish", "publish vs save_file", 2.0),
+    ("publish", "save_file_fsync", "publish", "publish vs save_file + fsync", None),
+    ("publish", "save_and_store", "publish", "publish vs save_file + stored (copy, fsync)", None),
+]
 
 
 def markdown(case: cases.Case, res: dict[str, Any]) -> str:
-    a, p = res["apply"], res["publish"]
-    ra = a["reload"]["best"] / a["apply"]["best"]
-    rp = p["save_file"]["best"] / p["publish"]["best"]
+    def row(part: str, key: str, label: str) -> str:
+        entry = res[part][key]
+        rounds = ", ".join(f"{s:.3f}" for s in entry["rounds"])
+        return f"| {label} | {entry['best']:.3f} s | {rounds} | {entry['best_cpu']:.3f} s |"
 
-    def row(name: str, entry: dict[str, Any]) -> str:
-        rounds = ", ".join(f"{s:.2f}" for s in entry["rounds"])
-        return f"| {name} | {entry['best']:.2f} s | {rounds} |"
+    def ratio(part: str, base: str, what: str, label: str, goal: float | None) -> str:
+        x = res[part][base]["best"] / res[part][what]["best"]
+        cpu = res[part][base]["best_cpu"] / res[part][what]["best_cpu"]
+        verdict = "" if goal is None else f" (target {goal:g}x: {'PASS' if x >= goal else 'FAIL'})"
+        return f"- {label}: {x:#.3g}x{verdict}; CPU time {cpu:#.3g}x"
 
     return "\n".join([
         f"Case: {case.name}, {case.spec.elements / 1e6:.0f} M elements, "
         f"{case.spec.nbytes / 1e9:.2f} GB bf16, achieved density {case.achieved_density:.2%}, "
-        f"delta {p['delta_bytes'] / 1e6:.1f} MB",
+        f"delta {res['publish']['delta_bytes'] / 1e6:.1f} MB",
         "",
-        "| measurement | best | rounds |",
-        "|---|---|---|",
-        row("reload: load_file + copy_", a["reload"]),
-        row("apply_inplace (default: outputs hashed, inputs implied)", a["apply"]),
-        row("apply_inplace (verify_input=True: inputs hashed first too)", a["apply_verify_input"]),
-        row("apply_inplace (verify_output=False: inputs only)", a["apply_unverified_output"]),
-        row("save_file of the full bf16 copy", p["save_file"]),
-        row("save_file + stored in a local folder (copy, fsync)", p["save_and_store"]),
-        row("Publisher.publish (diff + local chain)", p["publish"]),
+        "| measurement | best (wall) | rounds (wall) | best CPU time |",
+        "|---|---|---|---|",
+        *(row(*r) for r in ROWS),
         "",
-        f"apply vs reload: {ra:.2f}x faster (target 5x: {'PASS' if ra >= 5 else 'FAIL'}); "
-        f"publish vs save_file: {rp:.2f}x faster (target 2x: {'PASS' if rp >= 2 else 'FAIL'})",
-        f"publish vs save_file + storing the file: "
-        f"{p['save_and_store']['best'] / p['publish']['best']:.2f}x faster (no target)",
+        "Ratios: baseline's best time / wdelta's best time (above 1: wdelta faster). CPU time",
+        "is this process's user + system time, all threads: less disturbed by other work on",
+        "the machine than wall time, but blind to waiting for the disk (fsync, cold reads).",
+        "",
+        *(ratio(*r) for r in RATIOS),
         "",
         f"1-minute load average: {res['load'][0]:.1f} before, {res['load'][1]:.1f} after "
         f"(2 CPUs; above ~2 other work shared the machine)",

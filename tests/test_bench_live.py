@@ -24,7 +24,14 @@ def test_live_bench_small_case(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     doc = json.loads(out.read_text())
     apply, publish = doc["results"]["apply"], doc["results"]["publish"]
-    for entry in (*apply.values(), publish["save_file"], publish["publish"]):
+    assert set(apply) == {"reload", "reload_cold", "reload_verified", "digest", "apply",
+                          "apply_verify_input", "apply_unverified_output"}  # fmt: skip
+    assert set(publish) == {"save_file", "save_file_fsync", "save_and_store", "publish",
+                            "delta_bytes"}  # fmt: skip
+    for entry in (*apply.values(), *(v for v in publish.values() if isinstance(v, dict))):
         assert len(entry["rounds"]) == 2 and entry["best"] == min(entry["rounds"]) > 0
+        assert entry["best_cpu"] == min(entry["cpu_rounds"]) >= 0
     assert publish["delta_bytes"] > 0
-    assert "apply vs reload" in doc["markdown"] and "publish vs save_file" in doc["markdown"]
+    for line in ("apply vs reload (page cache)", "apply vs reload (not in the page cache)",
+                 "apply vs reload + digest check", "publish vs save_file + fsync"):
+        assert line in doc["markdown"]  # fmt: skip

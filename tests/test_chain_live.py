@@ -87,6 +87,104 @@ def test_publisher_copies_into_the_previous_arrays(tmp_path: Path) -> None:
     assert same(node, new)
 
 
+def _reshaped(s: dict[str, Any], seed: int) -> dict[str, Any]:
+    """A step that also adds, removes and reshapes tensors."""
+    out = next_state(s, seed)
+    del out["model.norm.weight"]
+    out["model.layers.0.mlp.up_proj.weight_scale_inv"] = random_tensor(torch.float32, (2,), seed)
+    out["lm_head.weight"] = random_tensor(torch.bfloat16, (8, 32), seed)
+    return out
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_publish_links_equal_the_diff_of_the_files(tmp_path: Path, on_disk: bool) -> None:
+    """Every tensor digest of each published link (both sides) is what ``diff`` of the
+    two saved files records, with tensors changed, added, removed and reshaped: the
+    digests kept from the step before stand for the previous copy's, and the copy
+    brought forward by applying the link is the new weights bit for bit."""
+    from safetensors.torch import save_file
+
+    c = new_chain(tmp_path)
+    keep = tmp_path / "previous.safetensors" if on_disk else None
+    pub = chain.Publisher(c, keep=keep)
+    s = state(0)
+    pub.publish(s)
+    for k in range(1, 4):
+        before, s = s, (_reshaped(s, 10 * k) if k == 2 else next_state(s, 10 * k))
+        m = pub.publish(s)
+        save_file(before, str(tmp_path / "a.safetensors"))
+        save_file(s, str(tmp_path / "b.safetensors"))
+        files = wdelta.diff(tmp_path / "a.safetensors", tmp_path / "b.safetensors",
+                            tmp_path / "files.wdelta", overwrite=True)  # fmt: skip
+        link = tmp_path / "store" / m.links[-1].key
+        with wdelta.open_delta(files) as d, wdelta.open_delta(link) as e:
+            assert _digests_of(e) == _digests_of(d)
+            assert e.header.raw["base"]["digest"] == d.header.raw["base"]["digest"]
+    if keep is None:
+        assert chain.weights_digest(pub._previous) == chain.weights_digest(s)  # type: ignore[arg-type]
+
+
+def _digests_of(d: Any) -> dict[tuple[str, str], tuple[str | None, str | None]]:
+    return {(t.name, t.op): (t.base_digest, t.target_digest) for t in d.header.tensors}
+
+
+def test_publish_neither_hashes_nor_copies_the_previous_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After version 0 a step feeds no base words to a digest and makes no full copy
+    of the weights: the previous copy's digests are kept from the step before, and
+    the copy is brought forward by the link's changed words."""
+    from wdelta import pipeline
+    from wdelta.chain import live
+
+    c = new_chain(tmp_path)
+    pub = chain.Publisher(c)
+    s = state(0)
+    pub.publish(s)
+    fed: list[int] = []
+    real = pipeline.TensorDigests.feed
+
+    def feed(self: Any, seq: Any, which: int, index: int, words: Any) -> None:
+        fed.append(which)
+        real(self, seq, which, index, words)
+
+    def no_copy(*args: Any) -> None:
+        raise AssertionError("the weights were copied whole")
+
+    monkeypatch.setattr(pipeline.TensorDigests, "feed", feed)
+    monkeypatch.setattr(live, "_host_copy", no_copy)
+    for k in range(1, 3):
+        s = next_state(s, k)
+        assert pub.publish(s).head.digest == chain.weights_digest(s)
+    assert fed and set(fed) == {1}
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_check_previous_refuses_a_modified_copy(tmp_path: Path, on_disk: bool) -> None:
+    """A previous copy changed behind the publisher's back: with ``check_previous``
+    nothing is published (base-mismatch, the head stays); without it the copy is
+    trusted and its kept digest goes into the link (documented)."""
+    keep = tmp_path / "previous.safetensors" if on_disk else None
+    c = new_chain(tmp_path)
+    checked = chain.Publisher(c, keep=keep, check_previous=True)
+    s0 = state(0)
+    checked.publish(s0)
+    s1 = next_state(s0, 1)
+    assert checked.publish(s1).head.number == 1  # an intact copy passes the check
+    name = "model.embed_tokens.weight"
+    if keep is None:
+        checked._previous[name].view("u2").reshape(-1)[5] ^= 1  # type: ignore[index]
+    else:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(keep))
+        tensors[name].view(torch.int16).reshape(-1)[5] ^= 1
+        save_file(tensors, str(keep))
+    with pytest.raises(wdelta.BaseMismatchError, match=name):
+        checked.publish(next_state(s1, 2))
+    assert c.head().head.number == 1
+
+
 def test_publisher_refuses_an_existing_chain_without_previous(tmp_path: Path) -> None:
     c = new_chain(tmp_path)
     chain.Publisher(c).publish(state(0))
@@ -266,3 +364,37 @@ def test_load_without_a_cache_leaves_none_behind(tmp_path: Path) -> None:
     assert {n: a.tobytes() for n, a in weights.items()} == {
         n: words(t).tobytes() for n, t in state(0).items()
     }  # NumPy arrays (device=None), bit-identical to the published tensors
+
+
+def test_publish_failures_keep_or_drop_the_previous_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused append publishes nothing and keeps the copy (the next step diffs
+    against it); a copy that cannot be brought forward after its version was
+    published is dropped, and publishing resumes with ``previous=``."""
+    from wdelta import inplace
+
+    c = new_chain(tmp_path)
+    pub = chain.Publisher(c)
+    s0 = state(0)
+    pub.publish(s0, step=5)
+    s1 = next_state(s0, 1)
+    with pytest.raises(chain.ConflictError):
+        pub.publish(s1, step=3)
+    assert pub.publish(s1, step=6).head.digest == chain.weights_digest(s1)
+    s2 = next_state(s1, 2)
+
+    def interrupted(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inplace, "_write_chunk", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pub.publish(s2, step=7)
+    monkeypatch.undo()
+    assert c.head().head.digest == chain.weights_digest(s2)
+    with pytest.raises(wdelta.BadArgumentError, match="previous="):
+        pub.publish(next_state(s2, 3), step=8)
+    resumed = chain.Publisher(c, previous=s2)
+    assert resumed.publish(next_state(s2, 3), step=8).head.number == 3
+    weights, _ = chain.load(new_chain(tmp_path), device="cpu")
+    assert same(weights, next_state(s2, 3))

@@ -101,6 +101,30 @@ def test_reads_into_a_scratch_buffer_match_fresh_reads(
             assert reused.dtype == fresh.dtype and reused.tobytes() == fresh.tobytes()
 
 
+@given(counts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=8))
+@settings(max_examples=30, deadline=None)
+def test_in_memory_reads_go_into_the_scratch_buffer(counts: list[tuple[int, int]]) -> None:
+    """Arrays and CPU torch tensors (diff of a state_dict) are copied into the reused
+    buffer, as file reads are, not into a fresh array per chunk (a page fault per
+    4 KiB); the words equal a fresh read's."""
+    from wdelta.checkpoint.source import from_arrays
+    from wdelta.tensors import checkpoint_of
+
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(len(counts))
+    arrays = {"a": rng.integers(0, 2**16, 40, dtype=np.uint16).view(np.float16),
+              "b": rng.integers(0, 2**32, 40, dtype=np.uint32).view(np.float32)}  # fmt: skip
+    sources = [from_arrays(arrays), checkpoint_of({k: torch.from_numpy(v)
+                                                   for k, v in arrays.items()})]  # fmt: skip
+    scratch = Scratch()
+    for i, (start, count) in enumerate(counts):
+        name, ckpt = "ab"[i % 2], sources[i % 2]
+        count = min(count, 40 - start)
+        reused = ckpt.tensors[name].read(start, count, scratch)
+        assert reused.tobytes() == arrays[name][start : start + count].tobytes()
+        assert count == 0 or np.shares_memory(reused, scratch.take(1))
+
+
 @given(sizes=tensor_sizes, chunk=st.integers(1, 20))
 def test_only_tensors_of_one_chunk_skip_the_sequencer(sizes: list[int], chunk: int) -> None:
     """A one-chunk tensor hashes without waiting for a turn (it has no order to keep);

@@ -261,6 +261,7 @@ class _Decoder:
         return chunk_codec.decode(
             chunk.encoding, chunk.transform, payload, src, task.count,
             task.item.entry.dtype.word, task.item.reverse, chunk.changed,
+            self.delta.header.coded_values,
         )  # fmt: skip
 
 
@@ -349,7 +350,7 @@ def file_sink(files: dict[str, OutputFile], offsets: dict[str, tuple[str, int]])
 def _check_chunk(delta: DeltaFile, entry: TensorEntry, chunk: Chunk, m: int) -> int:
     payload = delta.payload(chunk)
     if chunk.encoding == "sparse":
-        pos, _ = sparse.decode(payload, m, entry.dtype.word)
+        pos, _ = sparse.decode(payload, m, entry.dtype.word, delta.header.coded_values)
         if len(pos) != chunk.changed:
             raise EncodingInvalidError(f"tensor {entry.name!r}: sparse count != changed")
     return chunk.length

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,6 +29,7 @@ from .checkpoint.source import (
 from .container import MAX_HEADER_BYTES, PREFIX_SIZE, pack_prefix
 from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest, digest_bytes
 from .encodings import chunk as chunk_codec
+from .encodings import values as values_coding
 from .errors import BadArgumentError, CheckpointInvalidError, LimitExceededError
 from .header import FORMAT_VERSION, MAX_CHUNK_ELEMENTS
 from .layout import side_json
@@ -53,6 +54,7 @@ class _Plan:
     target: Tensor | None
     chunks: list[dict[str, Any]] = field(default_factory=list)
     digests: dict[str, Any] = field(default_factory=dict)
+    base_known: bool = False  # base_digest given by the caller: its words are not hashed
 
     @property
     def tensor(self) -> Tensor:
@@ -101,6 +103,8 @@ class DiffOptions:
     removed tensors, so that the delta also applies target -> base.
     ``compact`` writes the compact header (feature ``compact-header``, SPEC
     §4.11); False writes the v1 form, for readers that predate the feature.
+    ``coded_values`` lets sparse chunks code their values (feature
+    ``coded-values``, SPEC §7.6.6); the feature is listed only if one does.
     """
 
     level: int | None = None
@@ -108,6 +112,7 @@ class DiffOptions:
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
     reversible: bool = True
     compact: bool = True
+    coded_values: bool = True
 
     def check(self) -> None:
         if not 1 <= self.chunk_elements <= MAX_CHUNK_ELEMENTS:
@@ -142,6 +147,8 @@ def _read(task: _Task, which: int, seq: Sequencer, buffers: _Buffers) -> Words |
     if tensor is None:
         return None
     words = tensor.read(task.start, task.count, buffers.get(which))
+    if which == 0 and task.item.base_known:
+        return words
     task.digests.feed(seq, which, task.index, words)
     if task.last:
         key = ("base_digest", "target_digest")[which]
@@ -163,7 +170,9 @@ def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -
     encoded: chunk_codec.Encoded | None
     if plan.op == "modified":
         assert base is not None and target is not None
-        encoded = chunk_codec.encode_modified(base, target, opts.level, not opts.reversible)
+        encoded = chunk_codec.encode_modified(
+            base, target, opts.level, not opts.reversible, opts.coded_values
+        )
     elif plan.op == "added":
         assert target is not None
         encoded = chunk_codec.encode_full(target, opts.level)
@@ -189,12 +198,14 @@ class _BlobWriter:
     def __init__(self, f: BinaryIO) -> None:
         self.f = f
         self.offset = 0
+        self.coded_values = False  # some blob codes its values (feature coded-values)
         self._handed = 0
         self._sync = BackgroundSync(f.fileno())
 
     def add(self, encoded: chunk_codec.Encoded, checksum: str | None) -> dict[str, Any]:
         """The chunk's header fields; its blob (if any, with ``checksum``) is appended."""
         fields = dict(encoded.fields)
+        self.coded_values |= encoded.coded
         if encoded.blob is not None:
             assert checksum is not None
             self.f.write(encoded.blob)
@@ -223,7 +234,7 @@ class _BlobWriter:
 
 
 def _empty_digests(plan: _Plan) -> None:
-    if plan.base is not None:
+    if plan.base is not None and not plan.base_known:
         plan.digests["base_digest"] = EMPTY_DIGEST
     if plan.target is not None:
         plan.digests["target_digest"] = EMPTY_DIGEST
@@ -277,15 +288,16 @@ def _side(ckpt: Checkpoint, entries: list[dict[str, Any]], side: str) -> dict[st
 
 
 def _header_bytes(
-    base: Checkpoint, target: Checkpoint, plans: list[_Plan], opts: DiffOptions
-) -> bytes:
+    base: Checkpoint, target: Checkpoint, plans: list[_Plan], opts: DiffOptions,
+    coded_values: bool = False,
+) -> bytes:  # fmt: skip
     entries = [_entry(p) for p in plans]
     reversible = all(
         c["encoding"] != "full" for e in entries if e["op"] == "modified" for c in e["chunks"]
     ) and all("chunks" in e for e in entries if e["op"] == "removed")
     doc = {
         "version": FORMAT_VERSION,
-        "required_features": [],
+        "required_features": [values_coding.FEATURE] if coded_values else [],
         "generator": f"wdelta-py/{__version__}",
         "zstd_level": "auto" if opts.level is None else opts.level,
         "chunk_elements": opts.chunk_elements,
@@ -310,10 +322,14 @@ def _header_bytes(
 def diff_checkpoints(
     base: Checkpoint, target: Checkpoint, out: Path, opts: DiffOptions,
     progress: Progress | None = None, *, overwrite: bool = False,
+    base_digests: Mapping[str, str] | None = None,
 ) -> Path:  # fmt: skip
     """Write the delta base -> target to ``out`` atomically; returns ``out``.
 
-    An existing ``out`` is refused unless ``overwrite``.
+    An existing ``out`` is refused unless ``overwrite``.  ``base_digests``
+    (tensor name -> BLAKE3 hex) are taken as the base tensors' digests instead
+    of hashing them: the caller vouches for them (a publisher's own copy of
+    the weights it published); tensors not named there are hashed.
 
     Blobs are written first, from the start of the temporary file; prefix and
     header are put in front of them once the header is known (:func:`_prepend`).
@@ -322,6 +338,9 @@ def diff_checkpoints(
     _check_describable(base, "base")
     _check_describable(target, "target")
     plans = _plans(base, target)
+    for plan in plans:
+        if plan.base is not None and base_digests and plan.base.name in base_digests:
+            plan.digests["base_digest"], plan.base_known = base_digests[plan.base.name], True
     with atomic_file(out, overwrite=overwrite) as fd:
         with os.fdopen(os.dup(fd), "wb") as data:
             blobs = _BlobWriter(data)
@@ -330,7 +349,8 @@ def diff_checkpoints(
                 blobs.finish()
             finally:
                 blobs.close()
-        _prepend(fd, _header_bytes(base, target, plans, opts), blobs.offset)
+        header = _header_bytes(base, target, plans, opts, blobs.coded_values)
+        _prepend(fd, header, blobs.offset)
     return out
 
 

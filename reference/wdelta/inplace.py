@@ -47,7 +47,7 @@ from . import tensors as live
 from .arguments import check_int, check_mapping
 from .checkpoint.source import Words
 from .container import open_delta
-from .digest import new_hasher
+from .digest import digest_bytes
 from .encodings import chunk as chunk_codec
 from .encodings import sparse, transform
 from .errors import (
@@ -104,6 +104,7 @@ class _Journal:
                 old = chunk_codec.decode(
                     chunk.encoding, chunk.transform, self.delta.payload(chunk), current,
                     task.count, task.step.entry.dtype.word, not self.reverse, chunk.changed,
+                    self.delta.header.coded_values,
                 )  # fmt: skip
             task.slot.write(task.start, old)
         self.done.clear()
@@ -187,7 +188,7 @@ def _decode(delta: Delta, task: _Task, reverse: bool) -> _Decoded:
     payload = delta.payload(chunk)
     if chunk.encoding == "sparse" and task.slot.gathers:
         assert chunk.transform is not None
-        pos, values = sparse.decode(payload, task.count, word)
+        pos, values = sparse.decode(payload, task.count, word, delta.header.coded_values)
         if len(pos) != chunk.changed:
             raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header "
                                        f"{chunk.changed}")  # fmt: skip
@@ -202,7 +203,7 @@ def _decode(delta: Delta, task: _Task, reverse: bool) -> _Decoded:
     before = source.copy() if chunk.encoding == "sparse" else source
     out = chunk_codec.decode(
         chunk.encoding, chunk.transform, payload, source, task.count, word, reverse,
-        chunk.changed,
+        chunk.changed, delta.header.coded_values,
     )  # fmt: skip
     return _Decoded(task, out, None, before)
 
@@ -272,14 +273,12 @@ def _build_added(
         if step.src_digest is not None or step.dst_digest is None:
             continue
         words = np.empty(entry.elements, dtype=entry.dtype.word)
-        hasher = new_hasher(1)
         for i, chunk in enumerate(entry.chunks):
             start, count = delta.header.chunk_span(entry, i)
             words[start : start + count] = np.frombuffer(
                 delta.payload(chunk), entry.dtype.word, count
             )
-        hasher.update(words.data.cast("B"))
-        if verify and str(hasher.hexdigest()) != step.dst_digest:
+        if verify and digest_bytes(words.data.cast("B")) != step.dst_digest:
             raise ChecksumMismatchError(f"tensor {entry.name!r}: decoded bytes do not match")
         added[entry.name] = live.present(words, entry.dtype, entry.shape, device)
     return added
@@ -361,7 +360,35 @@ def apply_opened(
         if isinstance(exc, WdeltaError):
             _verify_inputs(later, slots, threads)  # a wrong input is the cause to name
         raise
+    _commit(weights, steps, added)
+
+
+def _commit(
+    weights: MutableMapping[str, Any], steps: list[decoder.Step], added: dict[str, Any]
+) -> None:
+    """The structural changes, once every write succeeded: removed tensors deleted,
+    added ones inserted."""
     for step in steps:
         if step.dst_digest is None:
             del weights[step.entry.name]
     weights.update(added)
+
+
+def apply_unchecked(weights: MutableMapping[str, Any], d: Delta, threads: int) -> None:
+    """Forward :func:`apply_opened` without computing any digest, for a delta that
+    was just encoded from these very weights (a publisher's own copy): the words
+    are trusted to be its base, and the decoder to reproduce the target it hashed.
+
+    Names, dtypes and shapes are checked; on failure the written chunks are undone.
+    """
+    steps = decoder.plan_steps(d.header, False)
+    slots = _slots(weights)
+    _check_structure(slots, steps)
+    journal = _Journal(d, False)
+    try:
+        _update(d, steps, slots, journal, threads, False)
+        added = _build_added(d, steps, live.torch_device(weights), False)
+    except BaseException:
+        journal.undo()
+        raise
+    _commit(weights, steps, added)

@@ -303,7 +303,12 @@ def checkpoint_of(mapping: Mapping[str, Any]) -> Checkpoint:
     tensors: dict[str, Tensor] = {}
     for name, value in mapping.items():
         s = slot(name, value)
-        tensors[name] = Tensor(name, s.dtype, s.shape, _reader=s.read)
+        view = s.whole()
+        if view is not None:  # host memory: read into the reader's reused buffers
+            flat = np.frombuffer(view, s.dtype.word)
+            tensors[name] = Tensor(name, s.dtype, s.shape, _array=flat)
+        else:
+            tensors[name] = Tensor(name, s.dtype, s.shape, _reader=s.read)
     layout = build_header([(t.name, t.dtype, t.shape) for t in tensors.values()], None)
     return Checkpoint(tensors, {SINGLE_FILE_NAME: layout})
 

@@ -4,9 +4,11 @@
 the new weights and appends the delta in one call; no full checkpoint is
 written (except version 0, which a chain stores whole, and snapshots asked
 for).  The previous copy is kept in host memory (one copy of the published
-weights: RAM of the checkpoint's size, rewritten in place by a memcpy per step,
-on ``options.threads`` threads) or, with ``keep``,
-as a file on local disk (no RAM, but the full checkpoint written per step).
+weights: RAM of the checkpoint's size, brought forward in place by applying
+each step's delta, the changed words only) or, with ``keep``, as a file on
+local disk (no RAM, but the full checkpoint written per step).  Its tensor
+digests are kept from the step before rather than hashed again, so a step
+reads the new weights once and the copy once (see ``Publisher``).
 
 ``follow_weights`` keeps an in-memory mapping at the chain's head: each new
 version is applied with ``apply_inplace`` (all or nothing, every digest
@@ -19,6 +21,7 @@ links to the head (pruned) jumps there through a snapshot pulled into memory.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
@@ -29,15 +32,25 @@ import numpy as np
 
 from .. import api
 from .. import tensors as live
-from ..arguments import PathLike, as_path, check_mapping, check_optional_int, check_seconds
+from ..arguments import (
+    PathLike,
+    as_path,
+    check_int,
+    check_mapping,
+    check_optional_int,
+    check_seconds,
+)
 from ..atomic import atomic_file
 from ..checkpoint.safetensors_header import build_header
-from ..checkpoint.source import Words, open_checkpoint
+from ..checkpoint.source import Checkpoint, Words, open_checkpoint
+from ..container import open_delta
 from ..decoder import init_file
 from ..digest import TensorIdentity, checkpoint_digest
 from ..dtypes import to_numpy
-from ..errors import BadArgumentError, WdeltaError
-from ..inplace import apply_inplace, apply_opened
+from ..encoder import DiffOptions, diff_checkpoints
+from ..errors import BadArgumentError, BaseMismatchError, StorageError, WdeltaError
+from ..header import MAX_CHUNK_ELEMENTS
+from ..inplace import apply_inplace, apply_opened, apply_unchecked
 from ..output_file import pwrite_all
 from ..pipeline import ordered_map
 from ..tensors import Select, Slot
@@ -123,25 +136,40 @@ class Publisher:
     keeps it as a safetensors file there.  ``previous`` resumes publishing
     on an existing chain: the weights (mapping or checkpoint path) of its
     head.  Without it the first ``publish`` starts the chain.
+
+    What is trusted: the previous copy is the publisher's own, and its tensor
+    digests are those of the version it published (hashed once, when the copy
+    is first made: version 0 or ``previous``), so a step does not hash it
+    again; a copy changed behind the publisher's back (a stray write into its
+    memory, another process rewriting ``keep``) would be published as a delta
+    that no follower can apply.  ``check_previous=True`` hashes the copy at
+    every step and refuses (``base-mismatch``, nothing published) a copy that
+    no longer has its digests: one more pass over the checkpoint's bytes.
     """
 
     def __init__(
         self, chain: Chain, *, keep: Path | None = None, options: AppendOptions | None = None,
-        previous: Mapping[str, Any] | Path | None = None,
+        previous: Mapping[str, Any] | Path | None = None, check_previous: bool = False,
     ) -> None:  # fmt: skip
         self.chain, self.keep, self.options = as_chain(chain), keep, options or AppendOptions()
+        self.check_previous = bool(check_previous)
         self._previous: Mapping[str, Any] | Path | None = None
+        self._digests: dict[str, str] = {}  # the previous copy's tensor digests
         if previous is not None:
             self._remember(previous if isinstance(previous, Mapping) else _load_all(previous))
 
     def _remember(self, weights: Mapping[str, Any]) -> None:
+        """Copy ``weights`` whole as the previous copy, and hash it (once)."""
         if self.keep is None:
             reuse = self._previous if isinstance(self._previous, Mapping) else {}
             # Overwritten in place: until the copy completes there is no previous copy.
             self._previous = None
-            self._previous = _host_copy(weights, reuse, self.options.threads)
+            copy = _host_copy(weights, reuse, self.options.threads)
+            self._digests = _digests(copy, self.options.threads)
+            self._previous = copy
             return
         save_weights(weights, self.keep, overwrite=True)
+        self._digests = _digests(weights, self.options.threads)  # the bytes just saved
         self._previous = self.keep
 
     def publish(
@@ -152,8 +180,13 @@ class Publisher:
         """Publish ``weights`` (a state_dict) as the chain's next version; its manifest.
 
         The version's digest is the checkpoint digest of ``weights``, as a
-        file holding them would have.  On failure nothing is published and
-        the previous copy is kept.
+        file holding them would have.  A step reads ``weights`` once (diffed
+        against the previous copy and hashed), then brings the previous copy
+        to them by applying the delta in place (the changed words only); a
+        ``keep`` file is rewritten whole.  On failure nothing is published and
+        the previous copy is kept; if the copy cannot be brought to the
+        published version (an interrupt), it is dropped: pass ``previous=`` to
+        a new Publisher to resume.
         """
         with tempfile.TemporaryDirectory(prefix="wdelta-publish-") as tmp:
             whole = Path(tmp) / "model.safetensors"
@@ -162,19 +195,74 @@ class Publisher:
                     raise BadArgumentError("the chain exists: pass previous= to resume it")
                 save_weights(weights, whole, overwrite=True)
                 m = init(self.chain, whole, step=step, metadata=metadata, progress=progress)
-            else:
-                out = Path(tmp) / "link.wdelta"
-                o = self.options
-                api.diff(self._previous, weights, out, level=o.level, threads=o.threads,
-                         chunk_elements=o.chunk_elements)  # fmt: skip
-                if snapshot or o.snapshot:
-                    save_weights(weights, whole, overwrite=True)
-                m = append_delta(
-                    self.chain, out, step=step, metadata=metadata,
-                    snapshot=whole if whole.exists() else None, progress=progress,
-                )  # fmt: skip
-        self._remember(weights)
+                self._remember(weights)
+                return m
+            out = Path(tmp) / "link.wdelta"
+            self._diff(weights, out)
+            if snapshot or self.options.snapshot:
+                save_weights(weights, whole, overwrite=True)
+            m = append_delta(
+                self.chain, out, step=step, metadata=metadata,
+                snapshot=whole if whole.exists() else None, progress=progress,
+            )  # fmt: skip
+            self._advance(weights, out)
         return m
+
+    def _diff(self, weights: Mapping[str, Any], out: Path) -> None:
+        """The delta from the previous copy to ``weights``, its digests taken as
+        known (or, with ``check_previous``, hashed and compared with them)."""
+        assert self._previous is not None
+        o = self.options
+        level = check_optional_int(o.level, "level", -7, 22)
+        chunks = check_optional_int(o.chunk_elements, "chunk_elements", 1, MAX_CHUNK_ELEMENTS)
+        opts = DiffOptions(level, check_int(o.threads, "threads", 1),
+                           chunks or DiffOptions.chunk_elements)  # fmt: skip
+        known = None if self.check_previous else self._digests
+        with _as_checkpoint(self._previous) as base:
+            try:
+                diff_checkpoints(base, live.checkpoint_of(weights), out, opts,
+                                 base_digests=known)  # fmt: skip
+            except OSError as exc:
+                raise StorageError(str(exc)) from exc
+        if self.check_previous:
+            with open_delta(out) as d:
+                found = {t.name: t.base_digest for t in d.header.tensors if t.base_digest}
+            changed = sorted(n for n, v in found.items() if self._digests.get(n) != v)
+            if changed:
+                raise BaseMismatchError(
+                    f"the previous published copy was modified since it was published "
+                    f"(tensor {changed[0]!r}); nothing published"
+                )
+
+    def _advance(self, weights: Mapping[str, Any], delta: Path) -> None:
+        """Bring the previous copy to the version just published by ``delta``."""
+        with open_delta(delta) as d:
+            digests = {t.name: t.target_digest for t in d.header.tensors if t.target_digest}
+            if not isinstance(self._previous, Mapping):
+                assert self.keep is not None
+                save_weights(weights, self.keep, overwrite=True)
+            else:
+                previous, self._previous = self._previous, None  # none until fully applied
+                assert isinstance(previous, MutableMapping)
+                apply_unchecked(previous, d, self.options.threads)
+                self._previous = previous
+        self._digests = digests
+
+
+@contextlib.contextmanager
+def _as_checkpoint(source: Mapping[str, Any] | Path) -> Iterator[Checkpoint]:
+    if isinstance(source, Mapping):
+        yield live.checkpoint_of(source)
+        return
+    with open_checkpoint(source) as ckpt:
+        yield ckpt
+
+
+def _digests(weights: Mapping[str, Any], threads: int) -> dict[str, str]:
+    """Each tensor's digest (SPEC §9.3), hashed on ``threads`` threads."""
+    slots = [live.slot(name, value) for name, value in weights.items()]
+    found = ordered_map(lambda s: s.digest(), slots, threads, 1)
+    return {s.name: d for s, d in zip(slots, found, strict=True)}
 
 
 def _load_all(path: Path, select: Select = None, device: Any = None) -> dict[str, Any]:
@@ -327,6 +415,14 @@ def follow_weights(
     retried after ``backoff[0] * 2**(failures-1)`` seconds, at most
     ``backoff[1]``.  The chain needs a cache folder.
     ``trust``: a trust policy, as for ``pull`` (refused revisions are failed steps).
+
+    What each link hashes (``apply_inplace``'s default, SPEC §10.2): every
+    tensor it modifies, once, on its output (which proves the input: the
+    chunks map words one to one), and, before the first write, the inputs
+    that no output proves: unchanged tensors, tensors with ``full`` chunks,
+    removed tensors.  Those were verified at the previous version too, but
+    nothing proves that the weights were not written since (the caller holds
+    them between versions), so they are hashed again.
 
     ``state``: a file keeping the accepted head revision across restarts
     (RD-1, as ``pull``'s; with ``trust``, the newest trust root walked to is
