@@ -353,7 +353,9 @@ def file_sink(files: dict[str, OutputFile], offsets: dict[str, tuple[str, int]])
 def _check_chunk(delta: DeltaFile, entry: TensorEntry, chunk: Chunk, m: int) -> int:
     payload = delta.payload(chunk)
     if chunk.encoding == "sparse":
-        pos, _ = sparse.decode(payload, m, entry.dtype.word, delta.header.coded_values)
+        pos, _ = sparse.decode(
+            payload, m, entry.dtype.word, delta.header.coded_values, chunk.changed
+        )
         if len(pos) != chunk.changed:
             raise EncodingInvalidError(f"tensor {entry.name!r}: sparse count != changed")
     return chunk.length
