@@ -14,8 +14,10 @@ order), ``lax-compact`` (ignores a chunk's ``offset`` member and the unused
 bits of base64url digests) and ``same-as-own-path`` (a target file's
 ``same_as_base`` read as the base file of the target file's own path); for
 coded values (SPEC §7.6.6) ``coded-no-level-cap`` (reads up to 255 levels),
-``coded-one-level-less`` (takes L - 1 for L) and ``lax-remainder-padding``
-(clears the padding bits of every Rice remainder stream before reading it).
+``coded-one-level-less`` (takes L - 1 for L), ``lax-remainder-padding``
+(clears the padding bits of every Rice remainder stream before reading it) and
+``compact-codec-zstd`` (a compact chunk without ``z`` is zstd even with
+coded-values, the C2 of compact files without coded values).
 """
 
 from __future__ import annotations
@@ -171,6 +173,11 @@ def coded_one_level_less() -> None:
     wdelta.encodings.values.decode = short
 
 
+def compact_codec_zstd() -> None:
+    """Expand a compact chunk without z to codec zstd, whatever the features (C2 dropped)."""
+    wdelta.compact._default_codec = lambda chunk, raw_by_default: "zstd"
+
+
 def lax_remainder_padding() -> None:
     """Clear the padding bits of a Rice remainder stream instead of refusing them (V7, S9)."""
     fields = wdelta.encodings.positions.remainder_fields
@@ -234,6 +241,8 @@ def main(mode: str, args: list[str]) -> int:
         coded_one_level_less()
     if mode == "lax-remainder-padding":
         lax_remainder_padding()
+    if mode == "compact-codec-zstd":
+        compact_codec_zstd()
     if mode == "never-refuse":
         cli.run(argv)
         if out is not None and not out.exists() and source is not None:

@@ -112,13 +112,13 @@ def test_whole_sparse_payload_bit_flips_are_refused_or_decode_in_range(
     recoded = sparse.with_coded_values(plain, m, len(v), v.dtype, 1 << 20)
     assume(recoded is not None)
     assert recoded is not None
-    got_pos, got = sparse.decode(recoded[0], m, v.dtype, coded=True)
+    got_pos, got = sparse.decode(recoded[0], m, v.dtype, coded=True, changed=len(v))
     assert np.array_equal(got_pos, pos) and np.array_equal(got, v)
     flipped = bytearray(recoded[0])
     bit = data.draw(st.integers(0, 8 * len(flipped) - 1))
     flipped[bit >> 3] ^= 1 << (bit & 7)
     try:
-        got_pos, got = sparse.decode(bytes(flipped), m, v.dtype, coded=True)
+        got_pos, got = sparse.decode(bytes(flipped), m, v.dtype, coded=True, changed=len(v))
     except WdeltaError:
         return
     assert len(got_pos) == len(got) and got.dtype == v.dtype
@@ -186,10 +186,40 @@ def test_value_coding_1_needs_the_feature() -> None:
     plain = sparse.encode(pos, v, 16, sparse.plan_positions(pos, 16))
     payload, _ = sparse.with_coded_values(plain, 16, 4, v.dtype, 1 << 20) or (b"", [])
     assert payload[2] == 1
-    got_pos, got = sparse.decode(payload, 16, v.dtype, coded=True)
+    got_pos, got = sparse.decode(payload, 16, v.dtype, coded=True, changed=4)
     assert got_pos.tolist() == pos.tolist() and got.tolist() == v.tolist()
-    with pytest.raises(EncodingInvalidError, match="value coding 1"):
+    with pytest.raises(EncodingInvalidError, match="value coding 1 without feature"):
         sparse.decode(payload, 16, v.dtype)
+
+
+@given(st.lists(st.integers(0, 4095), min_size=1, max_size=300, unique=True), st.data())
+@settings(max_examples=60, deadline=None)
+def test_short_head_drops_the_count_and_fixed_width_fields(
+    positions: list[int], data: st.DataObject
+) -> None:
+    """Value coding 1 stores coding, k, 1 and (Rice) U as ULEB128 in place of the
+    v1 head's 5 reserved bytes, u64 c and u64 U; c is the chunk's changed count.
+    The positions decode as they were, and a wrong changed count is refused."""
+    pos = np.array(sorted(positions), dtype=np.int64)
+    v = np.array(data.draw(st.lists(st.sampled_from([1, 2, 3, 9]), min_size=len(pos),
+                                    max_size=len(pos))), dtype=np.uint16)  # fmt: skip
+    plan = sparse.plan_positions(pos, 4096)
+    plain = sparse.encode(pos, v, 4096, plan)
+    found = sparse.with_coded_values(plain, 4096, len(pos), v.dtype, 1 << 20)
+    if found is None:
+        return
+    payload, starts = found
+    streams = 16 if plan.coding == sparse.BITMAP else 24
+    u = int.from_bytes(plain[16:24], "little") if plan.coding == sparse.RICE else None
+    head = 3 if u is None else 3 + len(leb128.encode(u))
+    assert payload[:3] == bytes([plan.coding, plan.k, 1])
+    kept = plain[streams : len(plain) - 2 * len(pos)]  # the position streams
+    assert payload[head : head + len(kept)] == kept
+    assert all(0 < s <= len(payload) for s in starts)
+    got_pos, got = sparse.decode(payload, 4096, v.dtype, coded=True, changed=len(pos))
+    assert got_pos.tolist() == pos.tolist() and got.tolist() == v.tolist()
+    with pytest.raises(WdeltaError):
+        sparse.decode(payload, 4096, v.dtype, coded=True, changed=len(pos) + 1)
 
 
 def _skewed_pair(tmp_path: Path) -> tuple[Path, Path]:

@@ -15,7 +15,7 @@ import wdelta
 from kit import as_raw, safetensors_bytes
 from wdelta import decoder, pipeline
 from wdelta.checkpoint.source import Scratch, Tensor
-from wdelta.output_file import ALIGN, OutputFile
+from wdelta.output_file import ALIGN, DIRECT_MIN_BYTES, OutputFile
 from wdelta.pipeline import BATCH_ELEMENTS, ChunkTask, batch_limit, batched_map, chunk_tasks
 
 tensor_sizes = st.lists(st.integers(0, 50), max_size=30)
@@ -186,10 +186,20 @@ def test_apply_reuses_input_buffers_and_writes_every_chunk_intact(
     assert len({id(b) for b in buffers}) <= 30
 
 
-@given(nbytes=st.integers(1, 3 * ALIGN), phase=st.integers(0, ALIGN - 1))
-def test_read_buffers_start_at_the_asked_phase(nbytes: int, phase: int) -> None:
-    words = decoder._Buffer(nbytes, phase).take(nbytes)
+@given(extra=st.integers(0, 3 * ALIGN), phase=st.integers(0, ALIGN - 1))
+def test_read_buffers_start_at_the_asked_phase(extra: int, phase: int) -> None:
+    nbytes = DIRECT_MIN_BYTES + extra
+    buffer = decoder._Buffer(nbytes, phase)
+    words = buffer.take(nbytes)
     assert len(words) == nbytes and words.ctypes.data % ALIGN == phase
+    buffer.place((phase + 1) % ALIGN)
+    assert buffer.take(nbytes).ctypes.data % ALIGN == (phase + 1) % ALIGN
+
+
+@given(nbytes=st.integers(1, DIRECT_MIN_BYTES - 1), phase=st.integers(0, ALIGN - 1))
+def test_buffers_too_small_to_go_direct_carry_no_slack(nbytes: int, phase: int) -> None:
+    buffer = decoder._Buffer(nbytes, phase)
+    assert len(buffer.take(nbytes)) == nbytes == len(buffer._raw)
 
 
 def test_chunks_decoded_in_place_are_written_without_the_staging_copy(

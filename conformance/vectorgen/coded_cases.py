@@ -9,6 +9,7 @@ check, must catch it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from . import checkpoints as ck
@@ -23,10 +24,12 @@ from .codedform import (
     most_frequent,
     section,
     set_final,
+    short_head,
     uleb,
     values_of,
 )
 from .common import Pair, add_valid
+from .compactform import form
 from .host import A0, Host
 from .invalid_payload import READ_ALL
 from .rand import random_mask
@@ -37,6 +40,9 @@ DECODE = ("coded values: level j keeps open the values that are not w_j; the oth
           "w_j; the final coding stores the values still open")  # fmt: skip
 S2 = ("S2: the value coding is not 0, or is 1 in a delta whose required_features does not list "
       "coded-values → encoding-invalid")  # fmt: skip
+C2 = ("C2: with coded-values, a compact chunk without z has codec none if its l equals its r, "
+      "zstd otherwise")
+S5 = ("S5: value coding 1: the payload ends before its positions do → encoding-invalid")
 V = {
     1: "V1: L > 8 → encoding-invalid",
     2: "V2: two split words are equal → encoding-invalid",
@@ -94,9 +100,9 @@ def _plan(name: str, index: int) -> ChunkPlan:
     return ChunkPlan("sparse", "sub" if name in "abd" else "xor", "zstd", coding)
 
 
-def coded_delta(pair: Pair) -> Delta:
+def coded_delta(pair: Pair, plan: Callable[[str, int], ChunkPlan] = _plan) -> Delta:
     """Every sparse chunk recoded with the next configuration."""
-    delta = build(pair.base, pair.target, 32, _plan)
+    delta = build(pair.base, pair.target, 32, plan)
     delta.doc["required_features"] = [FEATURE]
     sizes = {"I8": 1, "BF16": 2, "F32": 4, "F64": 8, "U16": 2}
     turn = 0
@@ -114,12 +120,23 @@ def coded_delta(pair: Pair) -> Delta:
     return delta
 
 
+def _plan_some_raw(name: str, index: int) -> ChunkPlan:
+    plan = _plan(name, index)
+    return replace(plan, codec="none" if index % 2 else plan.codec)
+
+
 def add_coded_valid(suite: Any) -> None:
     pair = _pair()
     add_valid(suite, "valid/coded/widths", pair, coded_delta(pair),
               "coded values in 1-, 2-, 4- and 8-byte words: L = 0 to every distinct word "
               "(the last level keeping nothing), final byte planes and Rice, a split word no "
               "value has, bitmap and Rice positions", SECTION, DECODE)  # fmt: skip
+    compact = coded_delta(pair, _plan_some_raw)
+    compact.form = form()
+    add_valid(suite, "valid/coded/compact", pair, compact,
+              "the same coded values in the compact header form, every other chunk stored "
+              "raw: with coded-values, a chunk without z whose l equals its r has codec none",
+              "§4.11", C2)  # fmt: skip
 
 
 # Invalid cases: chunk 0 of host tensor a (F32, 41 changes), recoded.
@@ -147,6 +164,37 @@ def _mutation(edit: Edit | None, *, value_coding: int = 1, feature: bool = True,
             delta.doc["required_features"] = [FEATURE]
 
     return mutate
+
+
+def _head_mutation(edit: Callable[[bytes, bytes], bytes]) -> Callable[[Delta], None]:
+    """Chunk 0 of tensor a in coded values, its short head and positions rewritten
+    by ``edit(head, streams)`` (the section kept)."""
+
+    def mutate(delta: Delta) -> None:
+        chunk = delta.tensor("a")["chunks"][0]
+        raw = chunk["_raw"]
+        assert raw[0] == payload.RICE, "the host chunk must use Rice positions"
+        head, streams = short_head(raw, COUNT, SIZE)
+        sec = _host_section(values_of(raw, COUNT, SIZE))
+        set_raw(chunk, edit(head, streams) + sec.to_bytes())
+        delta.doc["required_features"] = [FEATURE]
+
+    return mutate
+
+
+def _head_u_not_minimal(head: bytes, streams: bytes) -> bytes:
+    u = int.from_bytes(head[3:], "little") if len(head) == 4 else None
+    assert u is not None and u < 128, "U of the host chunk fits one byte"
+    return head[:3] + bytes([u | 0x80, 0]) + streams
+
+
+def _head_u_past_end(head: bytes, streams: bytes) -> bytes:
+    """U larger than every byte after it (the section included)."""
+    return head[:3] + uleb(len(streams) + 4096) + streams
+
+
+def _head_bitmap_k(head: bytes, streams: bytes) -> bytes:
+    return bytes([payload.BITMAP, 1, 1]) + head[3:] + streams
 
 
 def _nine_levels(values: list[int]) -> Section:
@@ -243,6 +291,12 @@ INVALID: list[tuple[str, Callable[[Delta], None], str, str, str]] = [
      "value coding 1 in a delta whose required_features is empty"),
     ("coded-value-coding-2", _mutation(None, value_coding=2), "encoding-invalid", S2,
      "value coding 2 (the feature listed)"),
+    ("coded-head-bitmap-k", _head_mutation(_head_bitmap_k), "encoding-invalid", S2,
+     "short head (value coding 1) with position coding 0 (bitmap) and k = 1"),
+    ("coded-head-uleb-not-minimal", _head_mutation(_head_u_not_minimal), "encoding-invalid",
+     V[4], "the short head's U (positions' unary stream) written with a final 0x00 group"),
+    ("coded-head-unary-past-end", _head_mutation(_head_u_past_end), "encoding-invalid", S5,
+     "the short head's U 4096 bytes more than the payload holds"),
     ("coded-nine-levels", _mutation(None, base=_nine_levels), "encoding-invalid", V[1],
      "L = 9, every level consistent (7 split words no value has)"),
     ("coded-split-duplicate", _mutation(None, base=_duplicate), "encoding-invalid", V[2],

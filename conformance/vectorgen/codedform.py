@@ -126,8 +126,22 @@ def most_frequent(values: Sequence[int], n: int) -> list[int]:
     return [w for w, _ in ranked[:n]]
 
 
+def short_head(raw: bytes, count: int, size: int) -> tuple[bytes, bytes]:
+    """(head, position streams) of the v1 sparse payload ``raw`` in the short form
+    of value coding 1: coding, k, 1, then for Rice U as ULEB128 (c is not stored)."""
+    start = len(raw) - count * size
+    head = raw[:2] + bytes([1])
+    if raw[0] == payload.RICE:
+        return head + uleb(int.from_bytes(raw[16:24], "little")), raw[24:start]
+    return head, raw[16:start]
+
+
 def coded(raw: bytes, count: int, size: int, sec: Section, value_coding: int = 1) -> bytes:
-    """The v1 sparse payload ``raw`` with value coding byte 2 set and its byte
-    planes replaced by the section."""
+    """The v1 sparse payload ``raw`` with value coding ``value_coding`` and its byte
+    planes replaced by the section: the short head for value coding 1, else the
+    v1 head with byte 2 set (for cases that a decoder must refuse by that byte)."""
+    if value_coding == 1:
+        head, streams = short_head(raw, count, size)
+        return head + streams + sec.to_bytes()
     start = len(raw) - count * size
     return raw[:2] + bytes([value_coding]) + raw[3:start] + sec.to_bytes()

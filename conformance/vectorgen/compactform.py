@@ -99,19 +99,24 @@ def _side(side: dict[str, Any], base: dict[str, Any] | None, records: Records) -
     return {**side, "digest": b64(side["digest"]), "files": files, "index": index}
 
 
-def _chunk(c: dict[str, Any]) -> dict[str, Any]:
+def _implied_codec(c: dict[str, Any], coded: bool) -> str:
+    """C2: without z, none when the delta lists coded-values and l = r, else zstd."""
+    return "none" if coded and c.get("length") == c.get("raw_length") else "zstd"
+
+
+def _chunk(c: dict[str, Any], coded: bool) -> dict[str, Any]:
     out = {}
     for long, short in CHUNK.items():
-        if long in c and not (long == "codec" and c[long] == "zstd"):
+        if long in c and not (long == "codec" and c[long] == _implied_codec(c, coded)):
             out[short] = b64(c[long]) if long == "checksum" else c[long]
     return out
 
 
-def _entry(e: dict[str, Any]) -> dict[str, Any]:
+def _entry(e: dict[str, Any], coded: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for long, short in ENTRY.items():
         if long == "chunks" and "chunks" in e:
-            out["c"] = [_chunk(c) for c in e["chunks"]]
+            out["c"] = [_chunk(c, coded) for c in e["chunks"]]
         elif long in e:
             out[short] = b64(e[long]) if long.endswith("_digest") else e[long]
     return out
@@ -121,12 +126,13 @@ def to_compact(
     doc: dict[str, Any], base_records: Records | None = None, target_records: Records | None = None
 ) -> dict[str, Any]:
     """The compact form of a v1 header; records force a file's form by path."""
+    coded = "coded-values" in doc["required_features"]
     return {
         **doc,
         "required_features": [*doc["required_features"], FEATURE],
         "base": _side(doc["base"], None, base_records or {}),
         "target": _side(doc["target"], doc["base"], target_records or {}),
-        "tensors": [_entry(e) for e in doc["tensors"]],
+        "tensors": [_entry(e, coded) for e in doc["tensors"]],
     }
 
 

@@ -5,8 +5,9 @@ side files whose safetensors header is what the serializer writes for their
 tensors say ``"canonical": true`` instead of carrying the text, a target
 file or index equal to the base's says ``"same_as_base": true``, digests are
 base64url instead of hex (same 256 bits), blob offsets are implied by the
-blob order (§4.7), ``codec`` defaults to ``zstd``, and tensor and chunk
-members have one-letter names (:data:`ENTRY_NAMES`, :data:`CHUNK_NAMES`).
+blob order (§4.7), ``codec`` defaults to ``zstd`` (with feature
+``coded-values``, to ``none`` for a blob as long as its payload), and tensor
+and chunk members have one-letter names (:data:`ENTRY_NAMES`, :data:`CHUNK_NAMES`).
 
 The reader *expands* a compact header into the v1 form, in two steps so that
 every v1 rule is then checked by the v1 code: :func:`expand_tensors` before
@@ -27,6 +28,10 @@ from .dtypes import DType
 from .errors import CheckpointInvalidError, HeaderInvalidError
 
 FEATURE = "compact-header"
+# With this feature too, a chunk without "z" whose l equals its r has codec
+# none (C2): coded payloads are mostly stored raw, and "z":"none" cost 11
+# header bytes per chunk (7 per tensor on the fp8 real trace).
+CODED_VALUES = "coded-values"
 ENTRY_NAMES = {"name": "n", "op": "o", "dtype": "d", "shape": "s", "base_digest": "b",
                "target_digest": "t", "chunks": "c"}  # fmt: skip
 CHUNK_NAMES = {"encoding": "e", "changed": "k", "transform": "x", "codec": "z",
@@ -59,6 +64,13 @@ def hex_digest(text: str) -> str:
         raise HeaderInvalidError(f"digest {text!r} is not base64url") from exc
 
 
+def _default_codec(chunk: dict[str, Any], raw_by_default: bool) -> str:
+    """The codec of a chunk without ``z`` (C2)."""
+    if raw_by_default and chunk.get("length") == chunk.get("raw_length"):
+        return "none"
+    return "zstd"
+
+
 def _long(obj: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
     """The members of ``obj`` known under their short names, renamed to the long ones.
 
@@ -68,7 +80,7 @@ def _long(obj: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
 
 
 def _expand_chunk(
-    raw: dict[str, Any], offset: int, unchanged: dict[str, Any]
+    raw: dict[str, Any], offset: int, unchanged: dict[str, Any], raw_by_default: bool
 ) -> tuple[dict[str, Any], int]:
     chunk = _long(raw, CHUNK_NAMES)
     if chunk == unchanged:
@@ -77,7 +89,8 @@ def _expand_chunk(
         return unchanged, offset
     if chunk["encoding"] == "unchanged":
         return chunk, offset
-    chunk.setdefault("codec", "zstd")
+    if "codec" not in chunk:
+        chunk["codec"] = _default_codec(chunk, raw_by_default)
     if "checksum" in chunk:
         chunk["checksum"] = hex_digest(chunk["checksum"])
     chunk["offset"] = offset
@@ -96,6 +109,7 @@ def expand_tensors(raw: dict[str, Any]) -> dict[str, Any]:
     """
     offset = 0
     unchanged = {"encoding": "unchanged", "changed": 0}
+    raw_by_default = CODED_VALUES in raw["required_features"]
     tensors = raw["tensors"]
     for i, entry in enumerate(tensors):
         out = _long(entry, ENTRY_NAMES)
@@ -105,7 +119,7 @@ def expand_tensors(raw: dict[str, Any]) -> dict[str, Any]:
         if "chunks" in out:
             chunks = []
             for c in out["chunks"]:
-                chunk, offset = _expand_chunk(c, offset, unchanged)
+                chunk, offset = _expand_chunk(c, offset, unchanged, raw_by_default)
                 chunks.append(chunk)
             out["chunks"] = chunks
         tensors[i] = out
@@ -184,26 +198,28 @@ def compact_header(doc: dict[str, Any]) -> dict[str, Any]:
     features = [*doc["required_features"], FEATURE]
     base = _compact_side(doc["base"], None)
     target = _compact_side(doc["target"], doc["base"])
-    tensors = [_compact_entry(e) for e in doc["tensors"]]
+    raw_by_default = CODED_VALUES in features
+    tensors = [_compact_entry(e, raw_by_default) for e in doc["tensors"]]
     return {**doc, "required_features": features, "base": base, "target": target,
             "tensors": tensors}  # fmt: skip
 
 
-def _compact_entry(entry: dict[str, Any]) -> dict[str, Any]:
+def _compact_entry(entry: dict[str, Any], raw_by_default: bool) -> dict[str, Any]:
     out = {}
     for long, short in ENTRY_NAMES.items():
         if long in entry:
             value = entry[long]
             out[short] = b64(value) if long in _DIGESTS else value
     if "chunks" in entry:
-        out["c"] = [_compact_chunk(c) for c in entry["chunks"]]
+        out["c"] = [_compact_chunk(c, raw_by_default) for c in entry["chunks"]]
     return out
 
 
-def _compact_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
+def _compact_chunk(chunk: dict[str, Any], raw_by_default: bool) -> dict[str, Any]:
     out = {}
+    implied = _default_codec(chunk, raw_by_default)
     for long, short in CHUNK_NAMES.items():
-        if long in chunk and not (long == "codec" and chunk[long] == "zstd"):
+        if long in chunk and not (long == "codec" and chunk[long] == implied):
             out[short] = b64(chunk[long]) if long == "checksum" else chunk[long]
     return out
 

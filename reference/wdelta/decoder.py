@@ -31,7 +31,7 @@ from .errors import (
     NotReversibleError,
 )
 from .header import Chunk, Header, TensorEntry
-from .output_file import ALIGN, OutputFile, pwrite_all
+from .output_file import ALIGN, DIRECT_MIN_BYTES, OutputFile, pwrite_all
 from .pipeline import (
     Aborted,
     ChunkTask,
@@ -150,16 +150,19 @@ class _Buffer(Scratch):
     Placed like the output file offset its chunk goes to, an input chunk
     decoded in place (sparse, unchanged) is written with O_DIRECT straight
     from this buffer, without the copy into an aligned staging buffer.
+    Chunks too small to be written direct get no placement, and no ALIGN
+    bytes of slack (a batch may hold a great many of them).
     """
 
     def __init__(self, nbytes: int, phase: int) -> None:
-        self._raw = np.empty(nbytes + ALIGN, np.uint8)
+        self._slack = ALIGN if nbytes >= DIRECT_MIN_BYTES else 0
+        self._raw = np.empty(nbytes + self._slack, np.uint8)
         self.place(phase)
 
     def place(self, phase: int) -> None:
         """Move the buffer's start to ``phase`` modulo ALIGN (its contents are gone)."""
-        nbytes = len(self._raw) - ALIGN
-        skip = (phase - self._raw.ctypes.data) % ALIGN
+        nbytes = len(self._raw) - self._slack
+        skip = (phase - self._raw.ctypes.data) % ALIGN if self._slack else 0
         self._buf = self._raw[skip : skip + nbytes]
 
 
@@ -350,7 +353,9 @@ def file_sink(files: dict[str, OutputFile], offsets: dict[str, tuple[str, int]])
 def _check_chunk(delta: DeltaFile, entry: TensorEntry, chunk: Chunk, m: int) -> int:
     payload = delta.payload(chunk)
     if chunk.encoding == "sparse":
-        pos, _ = sparse.decode(payload, m, entry.dtype.word, delta.header.coded_values)
+        pos, _ = sparse.decode(
+            payload, m, entry.dtype.word, delta.header.coded_values, chunk.changed
+        )
         if len(pos) != chunk.changed:
             raise EncodingInvalidError(f"tensor {entry.name!r}: sparse count != changed")
     return chunk.length

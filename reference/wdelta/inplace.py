@@ -188,7 +188,9 @@ def _decode(delta: Delta, task: _Task, reverse: bool) -> _Decoded:
     payload = delta.payload(chunk)
     if chunk.encoding == "sparse" and task.slot.gathers:
         assert chunk.transform is not None
-        pos, values = sparse.decode(payload, task.count, word, delta.header.coded_values)
+        pos, values = sparse.decode(
+            payload, task.count, word, delta.header.coded_values, chunk.changed
+        )
         if len(pos) != chunk.changed:
             raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header "
                                        f"{chunk.changed}")  # fmt: skip

@@ -69,8 +69,8 @@ class Tensor:
 
     @property
     def uses_scratch(self) -> bool:
-        """Whether :meth:`read` reads into a given scratch buffer (a file's tensors)."""
-        return self._reader is None and self._array is None
+        """Whether :meth:`read` reads into a given scratch buffer (not live tensors)."""
+        return self._reader is None
 
     def read(self, start: int, count: int, scratch: Scratch | None = None) -> Words:
         """Words ``[start, start + count)`` as a new little-endian unsigned array.

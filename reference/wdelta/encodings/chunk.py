@@ -225,7 +225,7 @@ def decode(
     invert = transform.to_base if reverse else transform.to_target
     if encoding == "dense":
         return invert(kind, source, planes.join(payload, m, word))
-    pos, values = sparse.decode(payload, m, word, coded)
+    pos, values = sparse.decode(payload, m, word, coded, changed)
     if len(pos) != changed:
         raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header {changed}")
     # take() gathers faster than fancy indexing; values are fresh and consumed.
