@@ -67,6 +67,16 @@ class Tensor:
     def nbytes(self) -> int:
         return self.elements * self.dtype.size
 
+    def peek(self, start: int, count: int) -> Words | None:
+        """Words ``[start, start + count)`` of an in-memory tensor without a copy: a
+        read-only view of its memory (valid while the tensor's owner leaves it
+        alone); None for a tensor in a file or read through a slot."""
+        if self._array is None:
+            return None
+        view: Words = self._array[start : start + count].view()
+        view.flags.writeable = False
+        return view
+
     def read(self, start: int, count: int, scratch: Scratch | None = None) -> Words:
         """Words ``[start, start + count)`` as a new little-endian unsigned array.
 
