@@ -6,7 +6,11 @@ The quick loop for issue 15's fp8 speed target (encode >= 1.5x, decode >=
 1.2x the reference on every pair), a few minutes instead of ``bench/run.py
 --real``'s hour: the same pairs (every third step pair), the same reference
 (``peers.zstd_xor_files``) and wdelta through the API with 2 threads, rounds
-interleaved, the fastest round of each method per pair.  Besides wall-clock
+interleaved, the fastest round of each method per pair.  The reference
+hashes nothing, whereas a diff must hash both sides and an apply its input
+and output (BLAKE3, per tensor); so a second, fairer reference adds the time
+of hashing two such files (BLAKE3 of the base and the target, one thread,
+read from the page cache) to each of its times.  Besides wall-clock
 ratios it prints each method's CPU time (user + system of this process, the
 fastest round): on a machine shared with other work the wall clock of a
 two-thread program says more about the load than about the code.  Also the
@@ -23,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import blake3
 import bound
 import peers
 import realtrace
@@ -63,6 +68,11 @@ def _reference(base: Path, target: Path, work: Path) -> tuple[Times, Times]:
     return times[0], times[1]
 
 
+def _hash_both(base: Path, target: Path) -> Times:
+    """BLAKE3 of both files, one thread: what verifying costs a file-to-file tool."""
+    return _timed(lambda: [blake3.blake3(p.read_bytes()).digest() for p in (base, target)])
+
+
 def _best(rounds: list[Times]) -> Times:
     return min(r[0] for r in rounds), min(r[1] for r in rounds)
 
@@ -71,11 +81,13 @@ def measure(base: Path, target: Path, work: Path, args: argparse.Namespace) -> s
     """One table row: wall ratios, CPU ms of both, data section over the bound."""
     ours: dict[str, list[Times]] = {"enc": [], "dec": []}
     ref: dict[str, list[Times]] = {"enc": [], "dec": []}
+    hashing: list[Times] = []
     for _ in range(args.rounds):
         for side, (enc, dec) in ((ours, _wdelta(base, target, work, args.threads)),
                                  (ref, _reference(base, target, work))):  # fmt: skip
             side["enc"].append(enc)
             side["dec"].append(dec)
+        hashing.append(_hash_both(base, target))
     delta = work / "pair.wdelta"
     wdelta.diff(base, target, delta, threads=args.threads, overwrite=True)
     with wdelta.open_delta(delta) as d:
@@ -83,10 +95,12 @@ def measure(base: Path, target: Path, work: Path, args: argparse.Namespace) -> s
     b = bound.information_bound(base, target, d.header.chunk_elements)
     (we, wc), (wd, wdc) = _best(ours["enc"]), _best(ours["dec"])
     (ze, zc), (zd, zdc) = _best(ref["enc"]), _best(ref["dec"])
+    h = _best(hashing)[0]
     return (f"| {base.parent.parent.name} {base.stem}-{target.stem} | {ze / we:.3g} | "
             f"{zd / wd:.3g} | {we * 1e3:.0f} / {wd * 1e3:.0f} | {ze * 1e3:.0f} / {zd * 1e3:.0f} | "
             f"{wc * 1e3:.0f} / {wdc * 1e3:.0f} | {zc * 1e3:.0f} / {zdc * 1e3:.0f} | "
-            f"{data:,} | {data / b.bytes:.3f} |")  # fmt: skip
+            f"{data:,} | {data / b.bytes:.3f} | {(ze + h) / we:.3g} | {(zd + h) / wd:.3g} | "
+            f"{h * 1e3:.1f} |")  # fmt: skip
 
 
 def main() -> int:
@@ -103,9 +117,10 @@ def main() -> int:
     pairs = [q for q in realtrace.pairs(cfg, Path(args.trace_root)) if q.dtype == args.dtype]
     print(
         "| pair | encode x ref | decode x ref | wdelta enc / dec ms | ref enc / dec ms "
-        "| wdelta CPU enc / dec ms | ref CPU enc / dec ms | data B | data / bound |"
+        "| wdelta CPU enc / dec ms | ref CPU enc / dec ms | data B | data / bound "
+        "| encode x ref+BLAKE3 | decode x ref+BLAKE3 | BLAKE3 both files ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for q in pairs:
             if q.step % args.pair_stride == 0:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(HERE))
 
 from vectorgen import (  # noqa: E402
     chains,
+    coded_cases,
     compact_cases,
     edge,
     encoder,
@@ -80,7 +81,7 @@ def build_suite() -> Suite:
                         invalid_rules.add_rule_cases, invalid_layout.add_layout_cases,
                         invalid_payload.add_payload_cases, invalid_decode.add_integrity_cases,
                         invalid_decode.add_base_cases,
-                        compact_cases.add_compact_cases):  # fmt: skip
+                        compact_cases.add_compact_cases, coded_cases.add_coded_cases):  # fmt: skip
         add_invalid(h)
     encoder.add_encoder_cases(suite)
     chains.add_rule_cases(suite)

@@ -12,7 +12,10 @@ promise of SPEC.md, and the conformance suite must catch it:
 header form (SPEC §4.11) ``canonical-by-name`` (canonical layouts in name
 order), ``lax-compact`` (ignores a chunk's ``offset`` member and the unused
 bits of base64url digests) and ``same-as-own-path`` (a target file's
-``same_as_base`` read as the base file of the target file's own path).
+``same_as_base`` read as the base file of the target file's own path); for
+coded values (SPEC §7.6.6) ``coded-no-level-cap`` (reads up to 255 levels),
+``coded-one-level-less`` (takes L - 1 for L) and ``lax-remainder-padding``
+(clears the padding bits of every Rice remainder stream before reading it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 import wdelta.compact
 import wdelta.container
 import wdelta.encodings.positions
+import wdelta.encodings.values
 import wdelta.header
 from wdelta import cli
 from wdelta.checkpoint.safetensors_header import FileLayout, parse_header
@@ -150,6 +154,36 @@ def same_as_own_path() -> None:
     wdelta.compact._expand_side = own_path
 
 
+def coded_no_level_cap() -> None:
+    """Accept any number of split levels (V1 dropped)."""
+    wdelta.encodings.values.MAX_LEVELS = 255
+
+
+def coded_one_level_less() -> None:
+    """An off-by-one loop: one split level fewer than L is read."""
+    decode = wdelta.encodings.values.decode
+
+    def short(view: memoryview, count: int, word: Any) -> Any:
+        data = bytearray(view)
+        data[0] = max(0, data[0] - 1)
+        return decode(memoryview(bytes(data)), count, word)
+
+    wdelta.encodings.values.decode = short
+
+
+def lax_remainder_padding() -> None:
+    """Clear the padding bits of a Rice remainder stream instead of refusing them (V7, S9)."""
+    fields = wdelta.encodings.positions.remainder_fields
+
+    def lax(data: Any, count: int, k: int) -> Any:
+        raw, used = bytearray(data), count * k
+        if used % 8 and raw:
+            raw[-1] &= (1 << (used % 8)) - 1
+        return fields(bytes(raw), count, k)
+
+    wdelta.encodings.positions.remainder_fields = lax
+
+
 def canonicalize_nans(out: Path) -> None:
     """Rewrite every NaN of a float tensor in the output as the canonical quiet NaN."""
     for path in sorted(out.glob("*.safetensors")) if out.is_dir() else [out]:
@@ -194,6 +228,12 @@ def main(mode: str, args: list[str]) -> int:
         lax_compact()
     if mode == "same-as-own-path":
         same_as_own_path()
+    if mode == "coded-no-level-cap":
+        coded_no_level_cap()
+    if mode == "coded-one-level-less":
+        coded_one_level_less()
+    if mode == "lax-remainder-padding":
+        lax_remainder_padding()
     if mode == "never-refuse":
         cli.run(argv)
         if out is not None and not out.exists() and source is not None:

@@ -199,6 +199,24 @@ BROKEN_CASES = {
         # Shards that say same_as_base under their own path are looked up right by chance.
         [f"{p}/valid/compact/sharded-same-index" for p in ("reader", "decoder", "reverse")],
     ),
+    "coded-no-level-cap": (
+        ["*/invalid/coded-nine-levels", "reader/valid/coded/widths"],
+        [f"{p}/invalid/coded-nine-levels" for p in ("reader", "decoder", "reverse")],
+        "accepted an invalid input", ["reader/valid/coded/widths"],
+    ),
+    "coded-one-level-less": (
+        ["*/valid/coded/*", "reader/valid/host"],
+        [f"{p}/valid/coded/{c}" for p in ("reader", "decoder", "reverse")
+         for c in ("widths", "host")],
+        "", ["reader/valid/host"],
+    ),
+    "lax-remainder-padding": (
+        ["*/invalid/coded-remainder-padding", "reader/invalid/rice-remainder-padding-bit",
+         "reader/valid/coded/widths"],
+        [f"{p}/invalid/coded-remainder-padding" for p in ("reader", "decoder", "reverse")]
+        + ["reader/invalid/rice-remainder-padding-bit"],
+        "accepted an invalid input", ["reader/valid/coded/widths"],
+    ),
     "partial-output": (
         ["*/invalid/blob-checksum", "decoder/base-mismatch/missing-tensor",
          "decoder/invalid/layout-index-disagrees", "encoder/invalid/target-not-safetensors",

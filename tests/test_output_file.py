@@ -203,3 +203,52 @@ def test_a_signal_while_the_flush_thread_starts_leaves_it_joinable(
         assert sync._thread is None
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_small_writes_beside_direct_ones_are_not_handed_to_writeback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    """Only buffered-only output hands each write to writeback; with direct writes
+    on, small writes wait for the background flush (bytes land either way)."""
+    handed: list[tuple[int, int]] = []
+    monkeypatch.setattr(output_file, "start_writeback", lambda fd, o, n: handed.append((o, n)))
+    pieces = [(0, 100), (ALIGN, output_file.DIRECT_MIN_BYTES - 1)]
+    expected, used = _write_all(tmp_path / "f.bin", pieces, direct)
+    if direct and not used:
+        pytest.skip("no O_DIRECT on this file system")
+    assert (tmp_path / "f.bin").read_bytes() == expected
+    assert handed == ([] if used else pieces)
+
+
+@pytest.mark.parametrize("shift", [0, 1, 8, ALIGN // 2])
+def test_data_aligned_in_memory_is_written_without_the_staging_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shift: int
+) -> None:
+    """O_DIRECT needs an aligned buffer: data that is one is written as it is, other
+    data goes through the staging buffer; the file gets the bytes either way."""
+    staged: list[int] = []
+    real_staged = OutputFile._staged
+
+    def counting(self: OutputFile, source: Any) -> memoryview:
+        staged.append(len(source))
+        return real_staged(self, source)
+
+    monkeypatch.setattr(OutputFile, "_staged", counting)
+    n = 4 * output_file.DIRECT_MIN_BYTES
+    raw = np.random.default_rng(shift).integers(0, 256, n + 2 * ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGN + shift
+    data = raw[start : start + n]
+    path = tmp_path / "f.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, n)
+        out = OutputFile(fd)
+        if not out.direct:
+            pytest.skip("no O_DIRECT on this file system")
+        out.write(memoryview(data), 0)
+        out.close()
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data.tobytes()
+    assert staged == ([] if shift == 0 else [n])

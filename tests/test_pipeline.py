@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ from hypothesis import strategies as st
 
 import wdelta
 from kit import as_raw, safetensors_bytes
-from wdelta import pipeline
-from wdelta.checkpoint.source import Scratch
+from wdelta import decoder, pipeline
+from wdelta.checkpoint.source import Scratch, Tensor
+from wdelta.output_file import ALIGN, OutputFile
 from wdelta.pipeline import BATCH_ELEMENTS, ChunkTask, batch_limit, batched_map, chunk_tasks
 
 tensor_sizes = st.lists(st.integers(0, 50), max_size=30)
@@ -99,30 +101,6 @@ def test_reads_into_a_scratch_buffer_match_fresh_reads(
             assert reused.dtype == fresh.dtype and reused.tobytes() == fresh.tobytes()
 
 
-@given(counts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=8))
-@settings(max_examples=30, deadline=None)
-def test_in_memory_reads_go_into_the_scratch_buffer(counts: list[tuple[int, int]]) -> None:
-    """Arrays and CPU torch tensors (diff of a state_dict) are copied into the reused
-    buffer, as file reads are, not into a fresh array per chunk (a page fault per
-    4 KiB); the words equal a fresh read's."""
-    from wdelta.checkpoint.source import from_arrays
-    from wdelta.tensors import checkpoint_of
-
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(len(counts))
-    arrays = {"a": rng.integers(0, 2**16, 40, dtype=np.uint16).view(np.float16),
-              "b": rng.integers(0, 2**32, 40, dtype=np.uint32).view(np.float32)}  # fmt: skip
-    sources = [from_arrays(arrays), checkpoint_of({k: torch.from_numpy(v)
-                                                   for k, v in arrays.items()})]  # fmt: skip
-    scratch = Scratch()
-    for i, (start, count) in enumerate(counts):
-        name, ckpt = "ab"[i % 2], sources[i % 2]
-        count = min(count, 40 - start)
-        reused = ckpt.tensors[name].read(start, count, scratch)
-        assert reused.tobytes() == arrays[name][start : start + count].tobytes()
-        assert count == 0 or np.shares_memory(reused, scratch.take(1))
-
-
 def test_diff_reads_in_memory_tensors_without_a_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -150,3 +128,109 @@ def test_diff_reads_in_memory_tensors_without_a_copy(
         monkeypatch.setattr(source.Tensor, "read", no_copy)
     view = source.from_arrays(base).tensors["a"].peek(10, 20)
     assert view is not None and not view.flags.writeable and np.shares_memory(view, base["a"])
+
+
+@given(sizes=tensor_sizes, chunk=st.integers(1, 20))
+def test_only_tensors_of_one_chunk_skip_the_sequencer(sizes: list[int], chunk: int) -> None:
+    """A one-chunk tensor hashes without waiting for a turn (it has no order to keep);
+    every tensor's digests are BLAKE3 of its words, fed in chunk order."""
+    seq = pipeline.Sequencer()
+    turns: list[tuple[int, int]] = []
+    real_turn = seq.turn
+
+    def counted_turn(stream: int, index: int):  # type: ignore[no-untyped-def]
+        turns.append((stream, index))
+        return real_turn(stream, index)
+
+    seq.turn = counted_turn  # type: ignore[method-assign]
+    data = {k: np.arange(n, dtype=np.uint16) * (k + 1) for k, n in enumerate(sizes)}
+    multi = set()
+    for task in _tasks(sizes, chunk):
+        assert task.digests.single == (task.elements <= chunk)
+        words = data[task.item][task.start : task.start + task.count]
+        task.digests.feed(seq, 0, task.index, words)
+        if not task.digests.single:
+            multi.add(task.digests.stream)
+        if task.last:
+            expected = wdelta.digest.digest_bytes(data[task.item].tobytes())
+            assert task.digests.hexdigest(seq, 0) == expected
+    assert {stream for stream, _ in turns} == multi
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_apply_reuses_input_buffers_and_writes_every_chunk_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """apply reads input chunks into a few recycled buffers, not one fresh array per
+    chunk; a buffer goes back only once its chunk is written, so the file (compared
+    byte for byte: digests are checked before the write) is the target's."""
+    rng = np.random.default_rng(threads)
+    base = {f"t{i:03d}": rng.integers(0, 2**16, 300, dtype=np.uint16).view(np.float16)
+            for i in range(120)}  # fmt: skip
+    target = {}
+    for name, words in base.items():
+        changed = words.view(np.uint16).copy()
+        changed[rng.random(300) < 0.05] ^= 1  # sparse chunks: decoded in place
+        target[name] = changed.view(np.float16)
+    paths = {}
+    for side, arrays in (("base", base), ("target", target)):
+        paths[side] = tmp_path / f"{side}.safetensors"
+        paths[side].write_bytes(safetensors_bytes({k: as_raw(v) for k, v in arrays.items()}))
+    delta = wdelta.diff(paths["base"], paths["target"], tmp_path / "d.wdelta", chunk_elements=100)
+    buffers: list[object] = []
+    real_read = Tensor.read
+
+    def recording_read(self: Tensor, start: int, count: int, scratch: Scratch | None = None) -> Any:
+        buffers.append(scratch)
+        return real_read(self, start, count, scratch)
+
+    monkeypatch.setattr(Tensor, "read", recording_read)
+    out = wdelta.apply(paths["base"], delta, tmp_path / "out.safetensors", threads=threads)
+    assert Path(out).read_bytes() == paths["target"].read_bytes()
+    assert len(buffers) == 360 and None not in buffers
+    assert len({id(b) for b in buffers}) <= 30
+
+
+@given(nbytes=st.integers(1, 3 * ALIGN), phase=st.integers(0, ALIGN - 1))
+def test_read_buffers_start_at_the_asked_phase(nbytes: int, phase: int) -> None:
+    words = decoder._Buffer(nbytes, phase).take(nbytes)
+    assert len(words) == nbytes and words.ctypes.data % ALIGN == phase
+
+
+def test_chunks_decoded_in_place_are_written_without_the_staging_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Input chunks are read into buffers placed like their output file offsets, so a
+    sparse or unchanged chunk (decoded in place) goes to O_DIRECT as it is."""
+    rng = np.random.default_rng(5)
+    base = {f"t{i}": rng.integers(0, 2**16, 50_001 + i, dtype=np.uint16) for i in range(4)}
+    target = {k: v.copy() for k, v in base.items()}
+    for v in list(target.values())[:3]:
+        v[rng.random(len(v)) < 0.01] ^= 3
+    paths = {}
+    for side, arrays in (("base", base), ("target", target)):
+        paths[side] = tmp_path / f"{side}.safetensors"
+        raw = {k: as_raw(v.view(np.float16)) for k, v in arrays.items()}
+        paths[side].write_bytes(safetensors_bytes(raw))
+    delta = wdelta.diff(paths["base"], paths["target"], tmp_path / "d.wdelta")
+    staged: list[int] = []
+    real_staged = OutputFile._staged
+
+    def counting(self: OutputFile, source: Any) -> memoryview:
+        staged.append(len(source))
+        return real_staged(self, source)
+
+    monkeypatch.setattr(OutputFile, "_staged", counting)
+    direct: list[bool] = []
+    real_init = OutputFile.__init__
+
+    def recording_init(self: OutputFile, fd: int, direct_io: bool = True) -> None:
+        real_init(self, fd, direct_io)
+        direct.append(self.direct)
+
+    monkeypatch.setattr(OutputFile, "__init__", recording_init)
+    out = wdelta.apply(paths["base"], delta, tmp_path / "out.safetensors")
+    assert Path(out).read_bytes() == paths["target"].read_bytes()
+    if direct != [True]:
+        pytest.skip("no O_DIRECT on this file system")
+    assert staged == []

@@ -110,8 +110,9 @@ def diff(
 ) -> Path:  # fmt: skip
     """Encode the delta from ``base`` to ``target`` into the file ``out``.
 
-    ``compact`` False writes the v1 header form instead of the compact one
-    (SPEC §4.11), for readers that predate feature ``compact-header``.
+    ``compact`` False writes a plain v1 file, for readers that predate features
+    ``compact-header`` and ``coded-values``: the v1 header form instead of the
+    compact one (SPEC §4.11) and values as byte planes (not §7.6.6).
 
     ``out`` must not be an input (nor a link to one) and must not exist
     unless ``overwrite`` (BadArgumentError, before anything is read).
@@ -125,7 +126,12 @@ def diff(
     chunks = check_optional_int(chunk_elements, "chunk_elements", 1, MAX_CHUNK_ELEMENTS)
     threads = _check_options(threads, progress)
     opts = DiffOptions(
-        level, threads, chunks or DiffOptions.chunk_elements, bool(reversible), bool(compact)
+        level,
+        threads,
+        chunks or DiffOptions.chunk_elements,
+        bool(reversible),
+        bool(compact),
+        coded_values=bool(compact),
     )
     check_output(path, _paths(base=base, target=target), overwrite=bool(overwrite))
     with _checkpoint(base, "base") as b, _checkpoint(target, "target") as t:

@@ -95,7 +95,8 @@ def _format_summary(s: DeltaSummary) -> str:
         f"wdelta v{s.version}  generator {s.generator}  chunk {s.chunk_elements} elements",
         f"base   {s.base_digest}",
         f"target {s.target_digest}",
-        f"reversible {s.reversible}   ops {json.dumps(s.ops)}",
+        f"reversible {s.reversible}   ops {json.dumps(s.ops)}   "
+        f"features {' '.join(s.required_features) or 'none'}",
         f"file {s.file_bytes} bytes for a {s.target_bytes}-byte target: ratio {s.ratio:.4%}",
         "",
         f"{'tensor':40} {'op':9} {'dtype':8} {'density':>9} {'raw':>12} {'stored':>11} "
@@ -237,7 +238,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-reverse", action="store_true",
                    help="allow full chunks and drop removed tensors (not reversible)")  # fmt: skip
     p.add_argument("--compat", action="store_true",
-                   help="write the v1 header form, for readers without compact-header")  # fmt: skip
+                   help="write a plain v1 file (v1 header form, byte-plane values), for "
+                        "readers without compact-header and coded-values")  # fmt: skip
     _add_force(p)
     _add_common(p)
     p.set_defaults(func=_cmd_diff)

@@ -11,13 +11,17 @@ digests match are the files fsynced and renamed into place.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from .checkpoint.safetensors_header import FileLayout
-from .checkpoint.source import Checkpoint, Words
+from .checkpoint.source import Checkpoint, Scratch, Words
 from .container import DeltaFile
 from .digest import EMPTY_DIGEST
+from .dtypes import DTYPES
 from .encodings import chunk as chunk_codec
 from .encodings import sparse
 from .errors import (
@@ -27,7 +31,7 @@ from .errors import (
     NotReversibleError,
 )
 from .header import Chunk, Header, TensorEntry
-from .output_file import OutputFile, pwrite_all
+from .output_file import ALIGN, OutputFile, pwrite_all
 from .pipeline import (
     Aborted,
     ChunkTask,
@@ -132,10 +136,67 @@ def check_digests(step: Step, src_hex: str, dst_hex: str) -> None:
 
 @dataclass(frozen=True)
 class _Decoded:
-    """A finished task and its output words (None: nothing to write)."""
+    """A finished task, its output words (None: nothing to write) and the pool
+    buffer its input was read into (None: none), free once the words are written."""
 
     task: _Task
     words: Words | None
+    buffer: _Buffer | None = None
+
+
+class _Buffer(Scratch):
+    """A read buffer of ``nbytes`` whose first byte sits at ``phase`` modulo ALIGN.
+
+    Placed like the output file offset its chunk goes to, an input chunk
+    decoded in place (sparse, unchanged) is written with O_DIRECT straight
+    from this buffer, without the copy into an aligned staging buffer.
+    """
+
+    def __init__(self, nbytes: int, phase: int) -> None:
+        self._raw = np.empty(nbytes + ALIGN, np.uint8)
+        self.place(phase)
+
+    def place(self, phase: int) -> None:
+        """Move the buffer's start to ``phase`` modulo ALIGN (its contents are gone)."""
+        nbytes = len(self._raw) - ALIGN
+        skip = (phase - self._raw.ctypes.data) % ALIGN
+        self._buf = self._raw[skip : skip + nbytes]
+
+
+class _ReadPool:
+    """Input read buffers, reused once the chunk's output has been written.
+
+    A decoded chunk may be its input buffer (a sparse chunk is decoded in
+    place, an unchanged one passed on), so a buffer is free only after the
+    writer has written the chunk.  A fresh buffer per chunk made the kernel
+    fault in and zero 3,000-5,000 pages per apply of the fp8 real trace.
+    Buffers are kept per size (a tensor's chunks and same-shaped tensors
+    share sizes), at most ``keep_bytes`` of them.
+    """
+
+    def __init__(self, keep_bytes: int) -> None:
+        self._free: dict[int, list[_Buffer]] = {}
+        self._lock = threading.Lock()
+        self._kept = 0
+        self._keep_bytes = keep_bytes
+
+    def take(self, nbytes: int, phase: int) -> _Buffer:
+        """A buffer of ``nbytes`` starting at ``phase`` modulo ALIGN."""
+        with self._lock:
+            free = self._free.get(nbytes)
+            buffer = free.pop() if free else None
+            if buffer is not None:
+                self._kept -= nbytes
+        if buffer is None:
+            return _Buffer(nbytes, phase)
+        buffer.place(phase)
+        return buffer
+
+    def give(self, buffer: _Buffer, nbytes: int) -> None:
+        with self._lock:
+            if self._kept + nbytes <= self._keep_bytes:
+                self._free.setdefault(nbytes, []).append(buffer)
+                self._kept += nbytes
 
 
 @dataclass
@@ -149,6 +210,9 @@ class _Decoder:
     delta: DeltaFile
     ckpt: Checkpoint
     seq: Sequencer
+    pool: _ReadPool
+    # Where a tensor's byte goes in its output file (None: not a file).
+    placement: Callable[[str, int], int] | None
 
     def run(self, task: _Task) -> _Decoded:
         try:
@@ -161,8 +225,12 @@ class _Decoder:
         step, entry = task.item, task.item.entry
         src: Words | None = None
         dst: Words | None = None
+        buffer = None
         if step.src_digest is not None:
-            src = self.ckpt.tensors[entry.name].read(task.start, task.count)
+            tensor = self.ckpt.tensors[entry.name]
+            if tensor.uses_scratch:
+                buffer = self._buffer(task)
+            src = tensor.read(task.start, task.count, buffer)
             task.digests.feed(self.seq, 0, task.index, src)
         if step.dst_digest is None and entry.chunks:
             # Not needed for the output, but any corrupted byte must be refused.
@@ -174,7 +242,15 @@ class _Decoder:
         if task.last:
             digests = task.digests
             check_digests(step, digests.hexdigest(self.seq, 0), digests.hexdigest(self.seq, 1))
-        return _Decoded(task, dst)
+        return _Decoded(task, dst, buffer)
+
+    def _buffer(self, task: _Task) -> _Buffer:
+        """A pool buffer for the task's input words, placed like their output."""
+        step, size = task.item, task.item.entry.dtype.size
+        phase = 0
+        if self.placement is not None and step.dst_digest is not None:
+            phase = self.placement(step.entry.name, task.start * size) % ALIGN
+        return self.pool.take(task.count * size, phase)
 
     def _decode(self, task: _Task, src: Words | None) -> Words:
         chunk = task.item.chunk(task.index)
@@ -185,6 +261,7 @@ class _Decoder:
         return chunk_codec.decode(
             chunk.encoding, chunk.transform, payload, src, task.count,
             task.item.entry.dtype.word, task.item.reverse, chunk.changed,
+            self.delta.header.coded_values,
         )  # fmt: skip
 
 
@@ -208,17 +285,24 @@ def run_steps(
     for step in steps:
         if step.entry.elements == 0:
             check_digests(step, EMPTY_DIGEST, EMPTY_DIGEST)
-    decoder = _Decoder(delta, ckpt, Sequencer())
     chunk = delta.header.chunk_elements
+    ahead = _WRITE_AHEAD if sink is not None else 2
+    # Two batches per worker are enough to recycle (the writer frees buffers
+    # as fast as the workers take them) and far below what is in flight.
+    keep = 2 * threads * batch_limit(chunk) * max(d.size for d in DTYPES.values())
+    placement = sink.file_offset if isinstance(sink, FileSink) else None
+    decoder = _Decoder(delta, ckpt, Sequencer(), _ReadPool(keep), placement)
     tasks = chunk_tasks(steps, lambda s: s.entry.elements, chunk, threads)
     try:
-        ahead = _WRITE_AHEAD if sink is not None else 2
         for done in batched_map(decoder.run, tasks, threads, batch_limit(chunk), ahead):
             task = done.task
+            nbytes = task.count * task.item.entry.dtype.size
             if sink is not None and done.words is not None:
                 sink(task.item.entry.name, task.start * task.item.entry.dtype.size, done.words)
+            if done.buffer is not None:
+                decoder.pool.give(done.buffer, nbytes)
             if progress is not None:
-                progress(task.count * task.item.entry.dtype.size)
+                progress(nbytes)
     except Aborted:
         assert decoder.seq.error is not None
         raise decoder.seq.error from None
@@ -242,20 +326,33 @@ def init_file(fd: int, layout: FileLayout) -> None:
     pwrite_all(fd, len(header).to_bytes(8, "little") + header, 0)
 
 
-def file_sink(files: dict[str, OutputFile], offsets: dict[str, tuple[str, int]]) -> Sink:
+class FileSink:
+    """A :data:`Sink` writing each tensor's words at its offset in its output file."""
+
+    def __init__(self, files: dict[str, OutputFile], offsets: dict[str, tuple[str, int]]) -> None:
+        self.files = files
+        self.offsets = offsets
+
+    def __call__(self, name: str, byte_offset: int, words: Words) -> None:
+        path, start = self.offsets[name]
+        self.files[path].write(words.data, start + byte_offset)
+
+    def file_offset(self, name: str, byte_offset: int) -> int:
+        """Where byte ``byte_offset`` of tensor ``name`` goes in its output file."""
+        return self.offsets[name][1] + byte_offset
+
+
+def file_sink(files: dict[str, OutputFile], offsets: dict[str, tuple[str, int]]) -> FileSink:
     """A sink writing each tensor's words at its offset in its output file."""
-
-    def write(name: str, byte_offset: int, words: Words) -> None:
-        path, start = offsets[name]
-        files[path].write(words.data, start + byte_offset)
-
-    return write
+    return FileSink(files, offsets)
 
 
 def _check_chunk(delta: DeltaFile, entry: TensorEntry, chunk: Chunk, m: int) -> int:
     payload = delta.payload(chunk)
     if chunk.encoding == "sparse":
-        pos, _ = sparse.decode(payload, m, entry.dtype.word)
+        pos, _ = sparse.decode(
+            payload, m, entry.dtype.word, delta.header.coded_values, chunk.changed
+        )
         if len(pos) != chunk.changed:
             raise EncodingInvalidError(f"tensor {entry.name!r}: sparse count != changed")
     return chunk.length

@@ -16,6 +16,7 @@ from typing import Any
 from . import compact, schemas, strictjson
 from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest
 from .dtypes import DType, lookup
+from .encodings import values as coded_values
 from .encodings.codec import CODECS
 from .encodings.sparse import max_raw_length
 from .encodings.transform import TRANSFORMS
@@ -28,7 +29,7 @@ from .errors import (
 from .layout import SideLayout, parse_side_layout
 
 FORMAT_VERSION = 1
-KNOWN_FEATURES: frozenset[str] = frozenset({compact.FEATURE})
+KNOWN_FEATURES: frozenset[str] = frozenset({compact.FEATURE, coded_values.FEATURE})
 MAX_CHUNK_ELEMENTS = 1 << 26
 MAX_ELEMENTS = 1 << 48
 OPS = ("unchanged", "modified", "added", "removed")
@@ -91,6 +92,13 @@ class Header:
     tensors: tuple[TensorEntry, ...]
     raw: dict[str, Any]
     compact: bool = False
+
+    @property
+    def coded_values(self) -> bool:
+        """Whether ``required_features`` names ``coded-values`` (SPEC §7.6.6): only
+        then may a sparse payload code its values."""
+        features = self.raw.get("required_features")
+        return isinstance(features, list) and coded_values.FEATURE in features
 
     def side_tensors(self, side: str) -> list[TensorEntry]:
         """Tensors present in the base (``"base"``) or target (``"target"``)."""

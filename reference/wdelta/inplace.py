@@ -104,6 +104,7 @@ class _Journal:
                 old = chunk_codec.decode(
                     chunk.encoding, chunk.transform, self.delta.payload(chunk), current,
                     task.count, task.step.entry.dtype.word, not self.reverse, chunk.changed,
+                    self.delta.header.coded_values,
                 )  # fmt: skip
             task.slot.write(task.start, old)
         self.done.clear()
@@ -187,7 +188,9 @@ def _decode(delta: Delta, task: _Task, reverse: bool) -> _Decoded:
     payload = delta.payload(chunk)
     if chunk.encoding == "sparse" and task.slot.gathers:
         assert chunk.transform is not None
-        pos, values = sparse.decode(payload, task.count, word)
+        pos, values = sparse.decode(
+            payload, task.count, word, delta.header.coded_values, chunk.changed
+        )
         if len(pos) != chunk.changed:
             raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header "
                                        f"{chunk.changed}")  # fmt: skip
@@ -202,7 +205,7 @@ def _decode(delta: Delta, task: _Task, reverse: bool) -> _Decoded:
     before = source.copy() if chunk.encoding == "sparse" else source
     out = chunk_codec.decode(
         chunk.encoding, chunk.transform, payload, source, task.count, word, reverse,
-        chunk.changed,
+        chunk.changed, delta.header.coded_values,
     )  # fmt: skip
     return _Decoded(task, out, None, before)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .container import DeltaFile
@@ -43,6 +43,8 @@ class DeltaSummary:
     ratio: float
     ops: dict[str, int]
     tensors: list[TensorSummary]
+    # The header's required features (SPEC §14): what a reader must implement.
+    required_features: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,4 +77,5 @@ def summarize(delta: DeltaFile) -> DeltaSummary:
         h.raw["base"]["digest"], h.raw["target"]["digest"], file_bytes, target_bytes,
         delta.data_length, file_bytes / target_bytes if target_bytes else 0.0,
         dict(Counter(t.op for t in h.tensors)), tensors,
+        [str(f) for f in h.raw.get("required_features") or []],
     )  # fmt: skip

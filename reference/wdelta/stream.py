@@ -87,7 +87,7 @@ def _chunk_change(
     if chunk.encoding == "dense":
         values = planes.join(payload, count, word)
         return change(None, *_swap(_as_op(chunk.transform, values, reverse)))
-    pos, values = sparse.decode(payload, count, word)
+    pos, values = sparse.decode(payload, count, word, delta.header.coded_values, chunk.changed)
     if len(pos) != chunk.changed:
         raise EncodingInvalidError(f"tensor {entry.name!r}: sparse count != header's changed")
     return change(pos.astype(np.int64) + start, *_swap(_as_op(chunk.transform, values, reverse)))

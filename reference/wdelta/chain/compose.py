@@ -85,7 +85,7 @@ class ComposedTensor(Tensor):
         else:
             words = chunk_codec.decode(
                 chunk.encoding, chunk.transform, self.delta.payload(chunk), src, m,
-                self.dtype.word, False, chunk.changed,
+                self.dtype.word, False, chunk.changed, self.delta.header.coded_values,
             )  # fmt: skip
         with self._lock:
             self._cache[i] = words

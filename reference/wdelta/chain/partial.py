@@ -125,7 +125,7 @@ def _apply_tensor(
         else:
             dst = chunk_codec.decode(
                 chunk.encoding, chunk.transform, blobs.get(chunk), src, m,
-                entry.dtype.word, step.reverse, chunk.changed,
+                entry.dtype.word, step.reverse, chunk.changed, header.coded_values,
             )  # fmt: skip
         hashers[1].update(dst.data.cast("B"))
         pwrite_all(fd, dst.data.cast("B"), out_offset + start * entry.dtype.size)

@@ -10,9 +10,10 @@ itself and reads data with positioned reads.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import strictjson
@@ -21,6 +22,12 @@ from ..errors import CheckpointInvalidError, LimitExceededError, UnsupportedFeat
 
 MAX_HEADER_BYTES = 100_000_000
 MAX_ELEMENTS = 2**48
+# Headers up to this size are parsed once per process and kept (a few of
+# them): one diff or apply meets the same header text up to six times (the
+# input files, the layouts recorded in the delta, the compact form's check
+# for a canonical layout), about 1 ms each for a 133-tensor model, 10-15% of
+# the time of a diff or apply of a 28 MB checkpoint.
+CACHED_MAX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -102,8 +109,23 @@ def _parse_tensor(name: str, info: Any) -> TensorLayout:
 def parse_header(header_bytes: bytes) -> FileLayout:
     """Validate a safetensors header (without its length prefix).
 
-    Offsets must tile ``[0, data_length)`` exactly, in any order.
+    Offsets must tile ``[0, data_length)`` exactly, in any order.  The result
+    may be shared with earlier callers, except its metadata (a fresh dict).
     """
+    if len(header_bytes) > CACHED_MAX_BYTES:
+        return _parse_header(header_bytes)
+    layout = _parse_cached(bytes(header_bytes))
+    if layout.metadata is None:
+        return layout
+    return replace(layout, metadata=dict(layout.metadata))
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_cached(header_bytes: bytes) -> FileLayout:
+    return _parse_header(header_bytes)
+
+
+def _parse_header(header_bytes: bytes) -> FileLayout:
     raw = strictjson.loads(header_bytes, CheckpointInvalidError, "safetensors header")
     text = header_bytes.decode("utf-8")
     if not isinstance(raw, dict):

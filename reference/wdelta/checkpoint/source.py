@@ -77,21 +77,23 @@ class Tensor:
         view.flags.writeable = False
         return view
 
+    @property
+    def uses_scratch(self) -> bool:
+        """Whether :meth:`read` reads into a given scratch buffer (a file's tensors)."""
+        return self._reader is None and self._array is None
+
     def read(self, start: int, count: int, scratch: Scratch | None = None) -> Words:
         """Words ``[start, start + count)`` as a new little-endian unsigned array.
 
-        With ``scratch`` (a reusable buffer, see :class:`Scratch`) a file or an
-        in-memory array is read (copied) into it instead, and the words stay
-        valid only until its next use.
+        With ``scratch`` (a reusable buffer, see :class:`Scratch`) a file is
+        read into it instead, and the words stay valid only until its next use.
         """
         if self._reader is not None:
             return self._reader(start, count)
+        if self._array is not None:
+            return np.array(self._array[start : start + count])
         nbytes = count * self.dtype.size
         buf = np.empty(nbytes, np.uint8) if scratch is None else scratch.take(nbytes)
-        if self._array is not None:
-            copied: Words = buf.view(self.dtype.word)
-            np.copyto(copied, self._array[start : start + count])
-            return copied
         assert self._fd is not None
         where = f"{self._path}: tensor {self.name!r}"
         try:

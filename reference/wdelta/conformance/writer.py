@@ -86,7 +86,9 @@ def changed_violations(d: DeltaFile, base: Checkpoint, target: Checkpoint) -> li
                                 f"{len(diff)} elements differ")  # fmt: skip
             if chunk.encoding != "sparse":
                 continue
-            pos, _ = sparse.decode(d.payload(chunk), m, entry.dtype.word)
+            pos, _ = sparse.decode(
+                d.payload(chunk), m, entry.dtype.word, d.header.coded_values, chunk.changed
+            )
             listed = np.asarray(pos, dtype=np.int64)
             if listed.shape != diff.shape or not np.array_equal(listed, diff):
                 extra = sorted(set(listed.tolist()) - set(diff.tolist()))[:3]

@@ -26,6 +26,7 @@ class Encoded:
 
     fields: dict[str, Any]
     blob: bytes | memoryview | None
+    coded: bool = False  # a sparse payload with coded values (feature coded-values)
 
 
 def _store(
@@ -173,8 +174,14 @@ def _changes(base: Words, target: Words) -> tuple[int, str, bytes | memoryview] 
     return (c, *_sparse_payload(base, target, mask, c)) if c else None
 
 
-def encode_modified(base: Words, target: Words, level: int | None, allow_full: bool) -> Encoded:
-    """The smallest encoding of a chunk that exists on both sides."""
+def encode_modified(
+    base: Words, target: Words, level: int | None, allow_full: bool, coded: bool = False
+) -> Encoded:
+    """The smallest encoding of a chunk that exists on both sides.
+
+    ``coded`` lets a sparse payload code its values (feature ``coded-values``);
+    ``Encoded.coded`` then says whether this one does.
+    """
     m = len(base)
     found = _changes(base, target)
     if found is None:
@@ -183,6 +190,13 @@ def encode_modified(base: Words, target: Words, level: int | None, allow_full: b
     fields = {"encoding": "sparse", "changed": c, "transform": kind}
     size = base.dtype.itemsize
     candidates = [_store(fields, payload, level, sparse.sections(payload, m, size))]
+    if coded:
+        # Kept only when its stored blob is smaller: never worse than the v1 payload.
+        stored = candidates[0].fields["length"]
+        recoded = sparse.with_coded_values(payload, m, c, base.dtype, stored)
+        if recoded is not None:
+            alt = _store(fields, recoded[0], level, recoded[1])
+            candidates.append(Encoded(alt.fields, alt.blob, True))
     if c > m * SPARSE_ONLY_DENSITY or base.nbytes <= ALWAYS_TRY_BYTES:
         dense = planes.split(transform.encode(kind, base, target))
         dense_planes = [j * m for j in range(size)]
@@ -195,13 +209,14 @@ def encode_modified(base: Words, target: Words, level: int | None, allow_full: b
 
 def decode(
     encoding: str, kind: str | None, payload: bytes, source: Words | None, m: int,
-    word: np.dtype[Any], reverse: bool, changed: int,
+    word: np.dtype[Any], reverse: bool, changed: int, coded: bool = False,
 ) -> Words:  # fmt: skip
     """Output words of a chunk from its payload and the input words.
 
     ``source`` is the base (forwards) or the target (``reverse``); it is None
     for ``full`` chunks, which need no input.  ``kind`` is the transform.
     A sparse chunk is decoded in place: ``source`` is modified and returned.
+    ``coded``: the header requires ``coded-values`` (see :func:`sparse.decode`).
     """
     if encoding == "full":
         full: Words = np.frombuffer(payload, dtype=word, count=m)
@@ -210,7 +225,7 @@ def decode(
     invert = transform.to_base if reverse else transform.to_target
     if encoding == "dense":
         return invert(kind, source, planes.join(payload, m, word))
-    pos, values = sparse.decode(payload, m, word)
+    pos, values = sparse.decode(payload, m, word, coded, changed)
     if len(pos) != changed:
         raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header {changed}")
     # take() gathers faster than fancy indexing; values are fresh and consumed.

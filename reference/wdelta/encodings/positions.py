@@ -62,19 +62,32 @@ def rice_encode(gaps: Positions, k: int, ones: Positions | None = None) -> tuple
     """
     if ones is None:
         ones = unary_ones(gaps, k)
-    bits = np.zeros(int(ones[-1]) + 1, dtype=np.bool_)
-    bits[ones] = True
-    unary = np.packbits(bits, bitorder="little").tobytes()
+    unary = unary_stream(ones)
     if k == 0:
         return unary, b""
     if k <= _LANE:
         # Casting to uint8 keeps the low 8 bits, which hold the remainder.
         rem8 = gaps.astype(np.uint8)
         rem8 &= np.uint8((1 << k) - 1)
-        return unary, _pack_groups(rem8, k)
+        return unary, pack_fields(rem8, k)
     rem = (gaps & ((1 << k) - 1)).astype(np.uint64)
     rbits = ((rem[:, None] >> np.arange(k, dtype=np.uint64)) & 1).astype(np.uint8)
     return unary, np.packbits(rbits.reshape(-1), bitorder="little").tobytes()
+
+
+def unary_stream(ones: np.ndarray[Any, Any]) -> bytes:
+    """The unary stream whose 1 bits are at the increasing stream indices ``ones``."""
+    bits = np.zeros(int(ones[-1]) + 1, dtype=np.bool_)
+    bits[ones] = True
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def unary_ones_of(unary: bytes | memoryview) -> Positions:
+    """Stream indices of the 1 bits of a unary stream (inverse of :func:`unary_stream`)."""
+    ubits = np.unpackbits(np.frombuffer(unary, dtype=np.uint8), bitorder="little")
+    # flatnonzero is ~4x faster on a bool view than on the uint8 bits.
+    ones: Positions = np.flatnonzero(ubits.view(np.bool_))
+    return ones
 
 
 # For k <= 8 the fields of a group of eight fill exactly k bytes.  Each group
@@ -98,7 +111,7 @@ def _lane_masks(k: int) -> tuple[tuple[int, np.uint64, np.uint64], ...]:
     return tuple(steps)
 
 
-def _pack_groups(rem8: np.ndarray[Any, np.dtype[np.uint8]], k: int) -> bytes:
+def pack_fields(rem8: np.ndarray[Any, np.dtype[np.uint8]], k: int) -> bytes:
     """The LSB-first stream of the k-bit fields ``rem8`` (1 <= k <= 8)."""
     count = len(rem8)
     groups = -(-count // _LANE)
@@ -112,7 +125,7 @@ def _pack_groups(rem8: np.ndarray[Any, np.dtype[np.uint8]], k: int) -> bytes:
 
 
 def _unpack_groups(data: bytes | memoryview, count: int, k: int) -> np.ndarray[Any, Any]:
-    """Inverse of :func:`_pack_groups` (uint8 fields); nonzero padding bits are refused."""
+    """Inverse of :func:`pack_fields` (uint8 fields); nonzero padding bits are refused."""
     groups = -(-count // _LANE)
     raw = np.frombuffer(data, dtype=np.uint8)
     if len(raw) != (count * k + 7) // 8:
@@ -142,12 +155,15 @@ def _unpack_exact(
 
 
 def rice_decode(
-    unary: bytes | memoryview, remainders: bytes | memoryview, k: int, count: int, m: int
-) -> Positions:
-    """Positions from both Rice streams; every structural rule is checked."""
-    ubits = np.unpackbits(np.frombuffer(unary, dtype=np.uint8), bitorder="little")
-    # flatnonzero is ~4x faster on a bool view than on the uint8 bits.
-    ones = np.flatnonzero(ubits.view(np.bool_))
+    unary: bytes | memoryview, remainders: bytes | memoryview, k: int, count: int, m: int,
+    ones: Positions | None = None,
+) -> Positions:  # fmt: skip
+    """Positions from both Rice streams; every structural rule is checked.
+
+    ``ones`` is :func:`unary_ones_of` of ``unary`` when the caller has it already.
+    """
+    if ones is None:
+        ones = unary_ones_of(unary)
     if len(ones) != count:
         raise EncodingInvalidError(f"unary stream holds {len(ones)} codes, expected {count}")
     if (int(ones[-1]) >> 3) + 1 != len(unary):
@@ -159,7 +175,7 @@ def rice_decode(
         raise IndexOutOfRangeError(f"a Rice quotient puts a position past the chunk of {m}")
     if k:
         gaps <<= k
-        gaps |= _remainders(remainders, count, k)
+        gaps |= remainder_fields(remainders, count, k)
     gaps += 1
     positions = np.cumsum(gaps, out=gaps)
     positions -= 1
@@ -168,8 +184,9 @@ def rice_decode(
     return positions
 
 
-def _remainders(data: bytes | memoryview, count: int, k: int) -> np.ndarray[Any, Any]:
-    """The c remainder fields of the stream (k >= 1)."""
+def remainder_fields(data: bytes | memoryview, count: int, k: int) -> np.ndarray[Any, Any]:
+    """The ``count`` k-bit fields (1 <= k <= 31) of a remainder stream; its padding
+    bits must be zero."""
     if k <= _LANE:
         return _unpack_groups(data, count, k)
     rbits = _unpack_exact(data, count * k, "remainder stream", EncodingInvalidError)

@@ -1,9 +1,12 @@
 """The ``sparse`` encoding: changed positions plus transformed values there.
 
 Raw payload (SPEC.md "sparse"): u8 position coding (0 bitmap, 1 rice), u8 k,
-6 zero bytes, u64 count c; then for bitmap ceil(m/8) bytes, for rice u64 U,
-U unary bytes and ceil(c·k/8) remainder bytes; then the c values as byte
-planes.  The payload length must be exactly what these fields imply.
+u8 value coding.  Value coding 0 (v1): 5 zero bytes, u64 count c; then for
+bitmap ceil(m/8) bytes, for rice u64 U, U unary bytes and ceil(c·k/8)
+remainder bytes; then the c values as byte planes.  Value coding 1 (feature
+``coded-values``, the short head): c is the chunk's ``changed``, not stored;
+then the bitmap, or ULEB128 U and the Rice streams; then the coded values
+(:mod:`.values`).  The payload length must be exactly what these fields imply.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import EncodingInvalidError
-from . import planes, positions
+from . import leb128, planes, positions, values
 
 BITMAP, RICE = 0, 1
+VALUE_PLANES, VALUE_CODED = 0, 1
 _HEAD = struct.Struct("<BB6sQ")
+SHORT_HEAD = 3  # value coding 1: position coding, k, value coding
 Positions = positions.Positions
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 
@@ -116,20 +121,39 @@ def sections(payload: bytes | memoryview, m: int, size: int) -> list[int]:
     return starts + [values + j * count for j in range(size)]
 
 
-def decode(payload: bytes | memoryview, m: int, word: np.dtype[Any]) -> tuple[Positions, Words]:
-    """(positions, values) from a payload; every byte is validated."""
+def decode(
+    payload: bytes | memoryview, m: int, word: np.dtype[Any], coded: bool = False,
+    changed: int | None = None,
+) -> tuple[Positions, Words]:  # fmt: skip
+    """(positions, values) from a payload; every byte is validated.
+
+    ``coded`` says the header requires ``coded-values``: only then may the
+    value coding byte be 1, whose short head does not store the count: it is
+    ``changed``, the chunk's (1 <= changed <= m, checked with the header).
+    """
     view = memoryview(payload)
+    if coded and len(view) >= SHORT_HEAD and view[2] == VALUE_CODED:
+        if changed is None:
+            raise ValueError("a coded sparse payload needs the chunk's changed count")
+        return _decode_short(view, m, word, changed)
+    if len(view) >= SHORT_HEAD and view[2] != VALUE_PLANES:
+        need = " without feature coded-values" if view[2] == VALUE_CODED else ""
+        raise EncodingInvalidError(f"sparse value coding {view[2]}{need}")
     if len(view) < _HEAD.size:
         raise EncodingInvalidError("sparse payload shorter than its 16-byte head")
-    coding, k, zero, count = _HEAD.unpack_from(view)
-    if zero != bytes(6) or coding not in (BITMAP, RICE) or (coding == BITMAP and k):
-        raise EncodingInvalidError(f"sparse head invalid (coding {coding}, k {k})")
+    coding, k, reserved, count = _HEAD.unpack_from(view)
+    value_coding = reserved[0]
+    bad_head = coding not in (BITMAP, RICE) or (coding == BITMAP and k)
+    if bad_head or reserved[1:] != bytes(5) or value_coding != VALUE_PLANES:
+        raise EncodingInvalidError(
+            f"sparse head invalid (coding {coding}, k {k}, value coding {value_coding})"
+        )
     if not 1 <= count <= m:
         raise EncodingInvalidError(f"sparse count {count} outside 1..{m}")
-    size = word.itemsize
+    planes_length = count * word.itemsize
     if coding == BITMAP:
         cursor = _HEAD.size + (m + 7) // 8
-        _expect_length(view, cursor + count * size)
+        _expect_length(view, cursor, planes_length)
         pos = positions.bitmap_decode(view[_HEAD.size : cursor], count, m)
     else:
         if k > positions.MAX_RICE_K or len(view) < _HEAD.size + 8:
@@ -138,14 +162,75 @@ def decode(payload: bytes | memoryview, m: int, word: np.dtype[Any]) -> tuple[Po
         start = _HEAD.size + 8
         rem_len = (count * k + 7) // 8
         cursor = start + unary_len + rem_len
-        _expect_length(view, cursor + count * size)
+        _expect_length(view, cursor, planes_length)
         unary = view[start : start + unary_len]
         pos = positions.rice_decode(unary, view[start + unary_len : cursor], k, count, m)
     return pos, planes.join(view[cursor:], count, word)
 
 
-def _expect_length(view: memoryview, expected: int) -> None:
-    if len(view) != expected:
+def _decode_short(
+    view: memoryview, m: int, word: np.dtype[Any], count: int
+) -> tuple[Positions, Words]:
+    """(positions, values) of a payload with the short head (value coding 1)."""
+    coding, k = view[0], view[1]
+    if coding not in (BITMAP, RICE) or (coding == BITMAP and k) or k > positions.MAX_RICE_K:
+        raise EncodingInvalidError(f"sparse head invalid (coding {coding}, k {k}, value coding 1)")
+    if coding == BITMAP:
+        cursor = SHORT_HEAD + (m + 7) // 8
+        _expect_length(view, cursor, None)
+        pos = positions.bitmap_decode(view[SHORT_HEAD:cursor], count, m)
+    else:
+        unary_len, start = leb128.decode(view, SHORT_HEAD)
+        cursor = start + unary_len + (count * k + 7) // 8
+        _expect_length(view, cursor, None)
+        unary = view[start : start + unary_len]
+        pos = positions.rice_decode(unary, view[start + unary_len : cursor], k, count, m)
+    return pos, values.decode(view[cursor:], count, word)
+
+
+def _expect_length(view: memoryview, values_start: int, planes_length: int | None) -> None:
+    """The payload ends after the planes (or, coded: None, holds at least the positions)."""
+    if planes_length is None:
+        if len(view) < values_start:
+            raise EncodingInvalidError(
+                f"sparse payload is {len(view)} bytes, its positions end at {values_start}"
+            )
+    elif len(view) != values_start + planes_length:
         raise EncodingInvalidError(
-            f"sparse payload is {len(view)} bytes, layout implies {expected}"
+            f"sparse payload is {len(view)} bytes, layout implies {values_start + planes_length}"
         )
+
+
+# Values that the codec stores in fewer bytes than this are not worth a try:
+# on the real fp8 trace (step 6-7, lr 1e-6) 24 of its 118 sparse chunks, and
+# coding them saved nothing.
+CODED_MIN_BYTES = 32
+
+
+def with_coded_values(
+    payload: bytes | memoryview, m: int, count: int, word: np.dtype[Any], stored: int
+) -> tuple[bytes, list[int]] | None:
+    """A valid v1 payload rewritten with the short head and coded values (value
+    coding 1), and the offsets where its sections start (those of :func:`sections`,
+    then of :func:`values.encode`); None when coding the values would not make the
+    payload smaller.  ``stored``
+    is the v1 payload's stored (compressed) length; its part past the positions,
+    which are counted raw, is taken as the values' cost."""
+    view = memoryview(payload)
+    values_start = len(view) - count * word.itemsize
+    planes_bytes = max(0, stored - values_start)
+    if planes_bytes < CODED_MIN_BYTES:
+        return None
+    coded = values.encode(planes.join(view[values_start:], count, word), planes_bytes)
+    if coded is None or values_start + len(coded.data) > max_raw_length(m, word.itemsize):
+        return None
+    head = bytes([view[0], view[1], VALUE_CODED])
+    streams = _HEAD.size
+    if view[0] == RICE:
+        (unary_len,) = struct.unpack_from("<Q", view, _HEAD.size)
+        head += leb128.encode(unary_len)
+        streams += 8
+    shift = streams - len(head)  # the short head is this much shorter
+    starts = [s - shift for s in sections(view, m, word.itemsize) if s < values_start]
+    starts += [values_start - shift + s for s in [0, *coded.sections]]
+    return head + bytes(view[streams:values_start]) + coded.data, starts

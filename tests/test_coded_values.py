@@ -1,0 +1,248 @@
+"""Coded values (feature ``coded-values``, SPEC §7.6.6): round trips, refusals, the writer, the CLI.
+
+The reader's rules V1-V12 are also checked by the conformance vectors; here,
+Hypothesis round trips of every form and width, refusal of every truncation
+and of bit flips with a WdeltaError only, the ULEB128 helper, and what the
+writer and the CLI record.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import wdelta
+from kit import RawTensor, safetensors_bytes
+from test_cli import assert_ok, run
+from wdelta.encodings import leb128, sparse, values
+from wdelta.errors import EncodingInvalidError, IndexOutOfRangeError, WdeltaError
+
+WIDTHS = (np.uint8, np.uint16, np.uint32, np.uint64)
+
+
+@st.composite
+def value_arrays(draw: st.DrawFn) -> np.ndarray:
+    """Skewed (a few frequent words, a tail of any word) or uniform words of any width."""
+    dtype = np.dtype(draw(st.sampled_from(WIDTHS)))
+    top = (1 << (8 * dtype.itemsize)) - 1
+    n = draw(st.integers(0, 400))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if draw(st.booleans()):
+        return rng.integers(0, top, size=n, dtype=dtype, endpoint=True)
+    common = rng.integers(0, top, size=draw(st.integers(1, 4)), dtype=dtype, endpoint=True)
+    out = common[rng.integers(0, len(common), size=n)]
+    tail = rng.random(n) < draw(st.floats(0, 0.5))
+    out[tail] = rng.integers(0, top, size=int(tail.sum()), dtype=dtype, endpoint=True)
+    small = draw(st.booleans())
+    if small:  # small words: the final Rice coding pays
+        out &= dtype.type(draw(st.integers(0, 300)) & top)
+    return out
+
+
+def _decode(data: bytes, count: int, dtype: np.dtype) -> np.ndarray:
+    return values.decode(memoryview(data), count, dtype)
+
+
+@settings(max_examples=150, deadline=None)
+@given(v=value_arrays(), levels=st.integers(0, values.MAX_LEVELS), final=st.sampled_from([0, 1]))
+def test_every_coded_form_round_trips(v: np.ndarray, levels: int, final: int) -> None:
+    coded = values.encode_as(v, levels, final)
+    assert coded.data[0] == min(levels, len(np.unique(v)))
+    got = _decode(coded.data, len(v), v.dtype)
+    assert got.dtype == v.dtype and np.array_equal(got, v)
+    assert coded.sections == sorted(coded.sections)
+    assert all(0 < s <= len(coded.data) for s in coded.sections)
+
+
+@settings(max_examples=150, deadline=None)
+@given(v=value_arrays())
+def test_the_encoder_choice_round_trips(v: np.ndarray) -> None:
+    coded = values.encode(v)
+    if coded is not None:
+        assert np.array_equal(_decode(coded.data, len(v), v.dtype), v)
+
+
+@settings(max_examples=100, deadline=None)
+@given(v=value_arrays(), levels=st.integers(0, 4), final=st.sampled_from([0, 1]), data=st.data())
+def test_truncated_or_extended_sections_are_refused(
+    v: np.ndarray, levels: int, final: int, data: st.DataObject
+) -> None:
+    coded = values.encode_as(v, levels, final).data
+    cut = data.draw(st.integers(0, len(coded) - 1))
+    with pytest.raises(EncodingInvalidError):
+        _decode(coded[:cut], len(v), v.dtype)
+    with pytest.raises(EncodingInvalidError):
+        _decode(coded + b"\x00", len(v), v.dtype)
+
+
+@settings(max_examples=200, deadline=None)
+@given(v=value_arrays(), levels=st.integers(0, 4), final=st.sampled_from([0, 1]), data=st.data())
+def test_bit_flips_give_a_wdelta_error_or_other_values_never_a_crash(
+    v: np.ndarray, levels: int, final: int, data: st.DataObject
+) -> None:
+    """A flipped bit either breaks a rule (WdeltaError) or spells other valid
+    values of the same count (the blob checksum is what catches those)."""
+    coded = bytearray(values.encode_as(v, levels, final).data)
+    bit = data.draw(st.integers(0, 8 * len(coded) - 1))
+    coded[bit >> 3] ^= 1 << (bit & 7)
+    try:
+        got = _decode(bytes(coded), len(v), v.dtype)
+    except WdeltaError:
+        return
+    assert got.dtype == v.dtype and len(got) == len(v)
+
+
+def _section(levels: int, splits: list[int], body: bytes, dtype: np.dtype) -> bytes:
+    return bytes([levels]) + np.array(splits, dtype=dtype).tobytes() + body
+
+
+_BAD, _OUT = EncodingInvalidError, IndexOutOfRangeError
+
+
+@pytest.mark.parametrize(
+    ("levels", "splits", "body", "error", "match"),
+    [
+        (9, [], b"", _BAD, "split levels"),  # V1
+        (2, [1, 1], b"", _BAD, "equal"),  # V2
+        (1, [1], b"\x20\x00\x00", _BAD, "> 31"),  # V3 level
+        (0, [], b"\x01\x08\x00", _BAD, ">= 8"),  # V3 final
+        (1, [1], b"\x00\x80\x00", _BAD, "minimal"),  # V4
+        (1, [1], b"\x00\x05\x01", _BAD, "past"),  # V5
+        (1, [1], b"\x00\x01\x00\x00", _BAD, "1 bit"),  # V6
+        (1, [1], b"\x01\x01\x01\x02\x00", _BAD, "padding"),  # V7
+        (1, [1], b"\x00\x01\x1f\x00", _OUT, "among"),  # V8: c_1 > n_1
+        (1, [1], b"\x00\x01\x10\x00", _OUT, "past"),  # V8: position 4 of 4
+        (0, [], b"\x02", _BAD, "final coding"),  # V9
+        (0, [], b"\x01\x00\x01\x03", _BAD, "codes"),  # V10
+        (0, [], b"\x01\x07\x01\x3c\x00\x00\x00\x00", _BAD, "bits or more"),  # V11
+        (0, [], b"\x00\x05\x06\x07\x08\x09", _BAD, "after"),  # V12
+    ],
+)
+def test_each_rule_is_refused(
+    levels: int, splits: list[int], body: bytes, error: type[Exception], match: str
+) -> None:
+    """V1-V12 on 4 one-byte values (one case per rule and field)."""
+    with pytest.raises(error, match=match):
+        _decode(_section(levels, splits, body, np.dtype(np.uint8)), 4, np.dtype(np.uint8))
+
+
+def test_a_final_rice_section_spelled_by_hand() -> None:
+    """L = 0, final Rice k = 1 of the words 1, 0, 5: q = 0, 0, 2 and r = 1, 0, 1."""
+    data = bytes([0, 1, 1, 1, 0b10011, 0b101])
+    assert _decode(data, 3, np.dtype(np.uint8)).tolist() == [1, 0, 5]
+
+
+@given(st.integers(0, 2**64 - 1))
+def test_leb128_round_trips_minimally(value: int) -> None:
+    data = leb128.encode(value)
+    assert leb128.decode(data + b"\xff", 0) == (value, len(data))
+    assert len(data) == max(1, -(-value.bit_length() // 7))
+
+
+def test_leb128_refuses_overlong_and_too_large() -> None:
+    assert leb128.encode(300) == b"\xac\x02"
+    for bad in (b"\x80\x00", b"\xff" * 10 + b"\x01", b"\xff" * 9 + b"\x02", b"\x80"):
+        with pytest.raises(EncodingInvalidError):
+            leb128.decode(bad, 0)
+
+
+def test_value_coding_1_needs_the_feature() -> None:
+    """S2: byte 2 = 1 is refused unless the header lists coded-values."""
+    v = np.array([1, 2, 1, 1], dtype=np.uint16)
+    pos = np.array([0, 3, 5, 9], dtype=np.int64)
+    plain = sparse.encode(pos, v, 16, sparse.plan_positions(pos, 16))
+    payload, _ = sparse.with_coded_values(plain, 16, 4, v.dtype, 1 << 20) or (b"", [])
+    assert payload[2] == 1
+    got_pos, got = sparse.decode(payload, 16, v.dtype, coded=True, changed=4)
+    assert got_pos.tolist() == pos.tolist() and got.tolist() == v.tolist()
+    with pytest.raises(EncodingInvalidError, match="value coding 1 without feature"):
+        sparse.decode(payload, 16, v.dtype)
+
+
+@given(st.lists(st.integers(0, 4095), min_size=1, max_size=300, unique=True), st.data())
+@settings(max_examples=60, deadline=None)
+def test_short_head_drops_the_count_and_fixed_width_fields(
+    positions: list[int], data: st.DataObject
+) -> None:
+    """Value coding 1 stores coding, k, 1 and (Rice) U as ULEB128 in place of the
+    v1 head's 5 reserved bytes, u64 c and u64 U; c is the chunk's changed count.
+    The positions decode as they were, and a wrong changed count is refused."""
+    pos = np.array(sorted(positions), dtype=np.int64)
+    v = np.array(data.draw(st.lists(st.sampled_from([1, 2, 3, 9]), min_size=len(pos),
+                                    max_size=len(pos))), dtype=np.uint16)  # fmt: skip
+    plan = sparse.plan_positions(pos, 4096)
+    plain = sparse.encode(pos, v, 4096, plan)
+    found = sparse.with_coded_values(plain, 4096, len(pos), v.dtype, 1 << 20)
+    if found is None:
+        return
+    payload, starts = found
+    streams = 16 if plan.coding == sparse.BITMAP else 24
+    u = int.from_bytes(plain[16:24], "little") if plan.coding == sparse.RICE else None
+    head = 3 if u is None else 3 + len(leb128.encode(u))
+    assert payload[:3] == bytes([plan.coding, plan.k, 1])
+    kept = plain[streams : len(plain) - 2 * len(pos)]  # the position streams
+    assert payload[head : head + len(kept)] == kept
+    assert all(0 < s <= len(payload) for s in starts)
+    got_pos, got = sparse.decode(payload, 4096, v.dtype, coded=True, changed=len(pos))
+    assert got_pos.tolist() == pos.tolist() and got.tolist() == v.tolist()
+    with pytest.raises(WdeltaError):
+        sparse.decode(payload, 4096, v.dtype, coded=True, changed=len(pos) + 1)
+
+
+def _skewed_pair(tmp_path: Path) -> tuple[Path, Path]:
+    rng = np.random.default_rng(5)
+    base = rng.integers(0x3C00, 0x4000, size=1 << 14, dtype=np.uint16)
+    step = rng.choice(np.array([1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3]), size=base.size)
+    target = (base.astype(np.int64) + step).astype(np.uint16)
+    b, t = tmp_path / "b.safetensors", tmp_path / "t.safetensors"
+    b.write_bytes(safetensors_bytes({"w": RawTensor("BF16", (base.size,), base.tobytes())}))
+    t.write_bytes(safetensors_bytes({"w": RawTensor("BF16", (base.size,), target.tobytes())}))
+    return b, t
+
+
+def _features(delta: Path) -> list[str]:
+    data = delta.read_bytes()
+    (n,) = struct.unpack_from("<Q", data, 16)
+    features: list[str] = json.loads(data[64 : 64 + n])["required_features"]
+    return features
+
+
+def test_cli_diff_codes_values_by_default_and_compat_does_not(tmp_path: Path) -> None:
+    base, target = _skewed_pair(tmp_path)
+    coded, plain = tmp_path / "c.wdelta", tmp_path / "v1.wdelta"
+    assert_ok(run("diff", base, target, "-o", coded, "-q"))
+    assert_ok(run("diff", base, target, "-o", plain, "-q", "--compat"))
+    assert _features(coded) == ["coded-values", "compact-header"]
+    assert _features(plain) == []
+    assert coded.stat().st_size < plain.stat().st_size
+    shown = run("inspect", "--json", coded)
+    assert_ok(shown)
+    assert json.loads(shown.stdout)["required_features"] == ["coded-values", "compact-header"]
+    text = run("inspect", coded)
+    assert_ok(text)
+    assert "coded-values" in text.stdout
+    for delta in (coded, plain):
+        out = tmp_path / f"{delta.stem}.out"
+        assert_ok(run("apply", base, delta, "-o", out, "-q"))
+        assert out.read_bytes() == target.read_bytes()
+        back = tmp_path / f"{delta.stem}.back"
+        assert_ok(run("apply", "--reverse", target, delta, "-o", back, "-q"))
+        assert back.read_bytes() == base.read_bytes()
+
+
+def test_a_reader_without_the_feature_refuses_coded_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wdelta import header as header_module
+
+    base, target = _skewed_pair(tmp_path)
+    delta = wdelta.diff(base, target, tmp_path / "d.wdelta")
+    monkeypatch.setattr(header_module, "KNOWN_FEATURES", frozenset({"compact-header"}))
+    with pytest.raises(wdelta.UnsupportedFeatureError, match="coded-values"):
+        wdelta.verify(delta)
