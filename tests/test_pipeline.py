@@ -101,28 +101,33 @@ def test_reads_into_a_scratch_buffer_match_fresh_reads(
             assert reused.dtype == fresh.dtype and reused.tobytes() == fresh.tobytes()
 
 
-@given(counts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=8))
-@settings(max_examples=30, deadline=None)
-def test_in_memory_reads_go_into_the_scratch_buffer(counts: list[tuple[int, int]]) -> None:
-    """Arrays and CPU torch tensors (diff of a state_dict) are copied into the reused
-    buffer, as file reads are, not into a fresh array per chunk (a page fault per
-    4 KiB); the words equal a fresh read's."""
-    from wdelta.checkpoint.source import from_arrays
-    from wdelta.tensors import checkpoint_of
+def test_diff_reads_in_memory_tensors_without_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The encoder reads arrays and CPU torch tensors through read-only views of their
+    memory (``Tensor.peek``), never copying a chunk, and the delta is still right."""
+    from wdelta.checkpoint import source
 
     torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(len(counts))
-    arrays = {"a": rng.integers(0, 2**16, 40, dtype=np.uint16).view(np.float16),
-              "b": rng.integers(0, 2**32, 40, dtype=np.uint32).view(np.float32)}  # fmt: skip
-    sources = [from_arrays(arrays), checkpoint_of({k: torch.from_numpy(v)
-                                                   for k, v in arrays.items()})]  # fmt: skip
-    scratch = Scratch()
-    for i, (start, count) in enumerate(counts):
-        name, ckpt = "ab"[i % 2], sources[i % 2]
-        count = min(count, 40 - start)
-        reused = ckpt.tensors[name].read(start, count, scratch)
-        assert reused.tobytes() == arrays[name][start : start + count].tobytes()
-        assert count == 0 or np.shares_memory(reused, scratch.take(1))
+    rng = np.random.default_rng(7)
+    base = {"a": rng.integers(0, 2**16, 5000, dtype=np.uint16).view(np.float16),
+            "b": rng.integers(0, 2**32, 300, dtype=np.uint32).view(np.float32)}  # fmt: skip
+    target = {k: v.copy() for k, v in base.items()}
+    target["a"][::7] = 1.5
+
+    def no_copy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an in-memory chunk was copied")
+
+    monkeypatch.setattr(source.Tensor, "read", no_copy)
+    for side in (base, {k: torch.from_numpy(v) for k, v in base.items()}):
+        out = wdelta.diff(side, target, tmp_path / "d.wdelta", chunk_elements=1024, overwrite=True)
+        monkeypatch.undo()
+        back = wdelta.apply(base, out)
+        assert isinstance(back, dict)
+        assert all(back[k].tobytes() == target[k].tobytes() for k in target)
+        monkeypatch.setattr(source.Tensor, "read", no_copy)
+    view = source.from_arrays(base).tensors["a"].peek(10, 20)
+    assert view is not None and not view.flags.writeable and np.shares_memory(view, base["a"])
 
 
 @given(sizes=tensor_sizes, chunk=st.integers(1, 20))

@@ -146,7 +146,10 @@ def _read(task: _Task, which: int, seq: Sequencer, buffers: _Buffers) -> Words |
     tensor = task.item.base if which == 0 else task.item.target
     if tensor is None:
         return None
-    words = tensor.read(task.start, task.count, buffers.get(which))
+    # In-memory tensors are only read here (blobs are copies), so no copy is made.
+    words = tensor.peek(task.start, task.count)
+    if words is None:
+        words = tensor.read(task.start, task.count, buffers.get(which))
     if which == 0 and task.item.base_known:
         return words
     task.digests.feed(seq, which, task.index, words)

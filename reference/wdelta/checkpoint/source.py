@@ -67,6 +67,16 @@ class Tensor:
     def nbytes(self) -> int:
         return self.elements * self.dtype.size
 
+    def peek(self, start: int, count: int) -> Words | None:
+        """Words ``[start, start + count)`` of an in-memory tensor without a copy: a
+        read-only view of its memory (valid while the tensor's owner leaves it
+        alone); None for a tensor in a file or read through a slot."""
+        if self._array is None:
+            return None
+        view: Words = self._array[start : start + count].view()
+        view.flags.writeable = False
+        return view
+
     @property
     def uses_scratch(self) -> bool:
         """Whether :meth:`read` reads into a given scratch buffer (not live tensors)."""
@@ -75,18 +85,15 @@ class Tensor:
     def read(self, start: int, count: int, scratch: Scratch | None = None) -> Words:
         """Words ``[start, start + count)`` as a new little-endian unsigned array.
 
-        With ``scratch`` (a reusable buffer, see :class:`Scratch`) a file or an
-        in-memory array is read (copied) into it instead, and the words stay
-        valid only until its next use.
+        With ``scratch`` (a reusable buffer, see :class:`Scratch`) a file is
+        read into it instead, and the words stay valid only until its next use.
         """
         if self._reader is not None:
             return self._reader(start, count)
+        if self._array is not None:
+            return np.array(self._array[start : start + count])
         nbytes = count * self.dtype.size
         buf = np.empty(nbytes, np.uint8) if scratch is None else scratch.take(nbytes)
-        if self._array is not None:
-            copied: Words = buf.view(self.dtype.word)
-            np.copyto(copied, self._array[start : start + count])
-            return copied
         assert self._fd is not None
         where = f"{self._path}: tensor {self.name!r}"
         try:
