@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import wdelta
@@ -96,6 +96,33 @@ def test_bit_flips_give_a_wdelta_error_or_other_values_never_a_crash(
     except WdeltaError:
         return
     assert got.dtype == v.dtype and len(got) == len(v)
+
+
+@settings(max_examples=150, deadline=None)
+@given(v=value_arrays(), data=st.data())
+def test_whole_sparse_payload_bit_flips_are_refused_or_decode_in_range(
+    v: np.ndarray, data: st.DataObject
+) -> None:
+    """Head, positions and coded values together (what a decoder gets from a blob):
+    a flipped bit is a WdeltaError or decodes to positions in the chunk, one word each."""
+    assume(len(v) > 0)
+    m = 2 * len(v) + data.draw(st.integers(0, 64))
+    pos = np.sort(data.draw(st.permutations(range(m)))[: len(v)]).astype(np.int64)
+    plain = sparse.encode(pos, v, m, sparse.plan_positions(pos, m))
+    recoded = sparse.with_coded_values(plain, m, len(v), v.dtype, 1 << 20)
+    assume(recoded is not None)
+    assert recoded is not None
+    got_pos, got = sparse.decode(recoded[0], m, v.dtype, coded=True, changed=len(v))
+    assert np.array_equal(got_pos, pos) and np.array_equal(got, v)
+    flipped = bytearray(recoded[0])
+    bit = data.draw(st.integers(0, 8 * len(flipped) - 1))
+    flipped[bit >> 3] ^= 1 << (bit & 7)
+    try:
+        got_pos, got = sparse.decode(bytes(flipped), m, v.dtype, coded=True, changed=len(v))
+    except WdeltaError:
+        return
+    assert len(got_pos) == len(got) and got.dtype == v.dtype
+    assert got_pos.size == 0 or (got_pos.min() >= 0 and got_pos.max() < m)
 
 
 def _section(levels: int, splits: list[int], body: bytes, dtype: np.dtype) -> bytes:

@@ -308,6 +308,11 @@ def _suffix_estimates(
     planes and as final Rice coding, for j = 0 .. ``levels`` at once."""
     weights = counts.astype(np.float64)
     left = float(weights.sum()) - np.concatenate(([0.0], np.cumsum(weights[:levels])))
+    if size == 1:
+        # One plane whose bytes are the (distinct) words: suffix j drops columns < j.
+        hists = np.where(np.arange(len(words))[None, :] >= np.arange(levels + 1)[:, None],
+                         weights[None, :], 0.0)  # fmt: skip
+        return _plane_bytes(hists, left, None), _suffix_rice(words, weights, left, size, levels)
     # Every suffix (axis 0) and every (plane, byte) column that occurs (axis 1)
     # at once: small chunks are common (fp8 block scales: ~50 values), and
     # per-call overhead or 256 columns per plane would dominate.
@@ -320,14 +325,26 @@ def _suffix_estimates(
     top = np.zeros((levels + 1, len(cols)))
     top[np.arange(1, levels + 1)[None, :], column[:, :levels]] = weights[:levels][None, :]
     hists = flat[None, :] - np.cumsum(top, axis=0)
+    starts = np.searchsorted(cols, 256 * np.arange(size))
+    return _plane_bytes(hists, left, starts), _suffix_rice(words, weights, left, size, levels)
+
+
+def _plane_bytes(
+    hists: np.ndarray[Any, Any], left: np.ndarray[Any, Any], starts: np.ndarray[Any, Any] | None
+) -> np.ndarray[Any, Any]:
+    """Per suffix (row), the estimated bytes of the planes whose byte histograms are
+    the columns of ``hists`` (plane p from column ``starts[p]``; None: one plane)."""
     present = hists > 0.5
     ratio = left[:, None] / np.where(present, hists, 1.0)
     bits = np.where(present, hists * np.maximum(1.0, np.log2(np.maximum(ratio, 1.0))), 0.0)
-    starts = np.searchsorted(cols, 256 * np.arange(size))
-    estimate = np.minimum(np.add.reduceat(bits, starts, axis=1) / 8 + _TABLE_BYTES, left[:, None])
-    distinct = np.add.reduceat(present, starts, axis=1)
-    plane = np.where(distinct > 1, estimate, 0.0).sum(axis=1)
-    return np.ceil(plane), _suffix_rice(words, weights, left, size, levels)
+    if starts is None:
+        total, distinct = bits.sum(axis=1)[:, None], present.sum(axis=1)[:, None]
+    else:
+        total = np.add.reduceat(bits, starts, axis=1)
+        distinct = np.add.reduceat(present, starts, axis=1)
+    estimate = np.minimum(total / 8 + _TABLE_BYTES, left[:, None])
+    plane: np.ndarray[Any, Any] = np.ceil(np.where(distinct > 1, estimate, 0.0).sum(axis=1))
+    return plane
 
 
 def _suffix_rice(
