@@ -479,3 +479,19 @@ def expect_refusal(
     assert not out.exists()
     assert sorted(os.listdir(out.parent)) == folder_before
     return error
+
+
+def record_staged(monkeypatch: Any) -> list[int]:
+    """Patch OutputFile so that each copy into its O_DIRECT staging buffer appends
+    the copied length to the returned list (empty: every write went out as it was)."""
+    from wdelta.output_file import OutputFile
+
+    staged: list[int] = []
+    real_staged = OutputFile._staged
+
+    def counting(self: OutputFile, source: Any) -> memoryview:
+        staged.append(len(source))
+        return real_staged(self, source)
+
+    monkeypatch.setattr(OutputFile, "_staged", counting)
+    return staged

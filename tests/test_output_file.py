@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kit import record_staged
 from wdelta import output_file
 from wdelta.errors import StorageError
 from wdelta.output_file import ALIGN, OutputFile
@@ -227,14 +228,7 @@ def test_data_aligned_in_memory_is_written_without_the_staging_copy(
 ) -> None:
     """O_DIRECT needs an aligned buffer: data that is one is written as it is, other
     data goes through the staging buffer; the file gets the bytes either way."""
-    staged: list[int] = []
-    real_staged = OutputFile._staged
-
-    def counting(self: OutputFile, source: Any) -> memoryview:
-        staged.append(len(source))
-        return real_staged(self, source)
-
-    monkeypatch.setattr(OutputFile, "_staged", counting)
+    staged = record_staged(monkeypatch)
     n = 4 * output_file.DIRECT_MIN_BYTES
     raw = np.random.default_rng(shift).integers(0, 256, n + 2 * ALIGN, dtype=np.uint8)
     start = -raw.ctypes.data % ALIGN + shift

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wdelta
-from kit import as_raw, safetensors_bytes
+from kit import as_raw, record_staged, safetensors_bytes
 from wdelta import decoder, pipeline
 from wdelta.checkpoint.source import Scratch, Tensor
 from wdelta.output_file import ALIGN, DIRECT_MIN_BYTES, OutputFile
@@ -223,14 +223,7 @@ def test_chunks_decoded_in_place_are_written_without_the_staging_copy(
         raw = {k: as_raw(v.view(np.float16)) for k, v in arrays.items()}
         paths[side].write_bytes(safetensors_bytes(raw))
     delta = wdelta.diff(paths["base"], paths["target"], tmp_path / "d.wdelta")
-    staged: list[int] = []
-    real_staged = OutputFile._staged
-
-    def counting(self: OutputFile, source: Any) -> memoryview:
-        staged.append(len(source))
-        return real_staged(self, source)
-
-    monkeypatch.setattr(OutputFile, "_staged", counting)
+    staged = record_staged(monkeypatch)
     direct: list[bool] = []
     real_init = OutputFile.__init__
 
