@@ -28,6 +28,7 @@ import realfigure
 import realreport
 import realtrace
 import traceconfig
+from headerpairs import header_json_bytes
 
 import wdelta
 from wdelta import synthetic
@@ -50,11 +51,13 @@ def _bounds(loaded: peers.Loaded, chunk_elements: int) -> dict[str, float]:
 
 
 def _delta_parts(delta: Path) -> dict[str, Any]:
-    """Header and data-section bytes, tensor count and scale-tensor blob bytes of a delta."""
+    """Header (with prefix and padding; and its JSON text alone) and data-section bytes,
+    tensor count and scale-tensor blob bytes of a delta."""
     with wdelta.open_delta(delta) as d:
         scale = sum(c.length for t in d.header.tensors if t.name.endswith("_scale_inv")
                     for c in t.chunks)  # fmt: skip
-        return {"header_bytes": d.data_start, "data_bytes": d.data_length,
+        return {"header_bytes": d.data_start, "header_json_bytes": header_json_bytes(delta),
+                "data_bytes": d.data_length,
                 "tensors": len(d.header.tensors), "scale_bytes": scale,
                 "chunk_elements": d.header.chunk_elements,
                 "compaction": headersize.compaction(d.header.raw)}  # fmt: skip

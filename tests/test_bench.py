@@ -100,6 +100,7 @@ def test_real_peer_table_end_to_end(tmp_path: Path) -> None:
     compaction = fp8["wdelta"]["compaction"]
     # The stored header (compact form, prefix, alignment padding) is smaller than the v1 JSON.
     assert 64 < fp8["wdelta"]["header_bytes"] <= compaction[0][1] + 4096 + 64
+    assert fp8["wdelta"]["header_json_bytes"] <= fp8["wdelta"]["header_bytes"] - 64
     assert [n for _, n in compaction] == sorted((n for _, n in compaction), reverse=True)
     assert "### Targets (issue 15)" in run.stdout and "real fp8 lr1e-05: scale" in run.stdout
     assert out.with_suffix(".png").stat().st_size > 10_000
