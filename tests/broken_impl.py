@@ -223,26 +223,24 @@ def _argv(args: list[str]) -> tuple[list[str], Path | None, Path | None]:
     return [*command, "-o", out, "-q", *(["--reverse"] if reverse else [])], Path(out), Path(a)
 
 
+# Modes that patch the reference and then run it as it is.
+PATCHES = {
+    "ignore-checksums": ignore_checksums,
+    "clamp-indices": clamp_indices,
+    "canonical-by-name": canonical_by_name,
+    "lax-compact": lax_compact,
+    "same-as-own-path": same_as_own_path,
+    "coded-no-level-cap": coded_no_level_cap,
+    "coded-one-level-less": coded_one_level_less,
+    "lax-remainder-padding": lax_remainder_padding,
+    "compact-codec-zstd": compact_codec_zstd,
+}
+
+
 def main(mode: str, args: list[str]) -> int:
     argv, out, source = _argv(args)
-    if mode == "ignore-checksums":
-        ignore_checksums()
-    if mode == "clamp-indices":
-        clamp_indices()
-    if mode == "canonical-by-name":
-        canonical_by_name()
-    if mode == "lax-compact":
-        lax_compact()
-    if mode == "same-as-own-path":
-        same_as_own_path()
-    if mode == "coded-no-level-cap":
-        coded_no_level_cap()
-    if mode == "coded-one-level-less":
-        coded_one_level_less()
-    if mode == "lax-remainder-padding":
-        lax_remainder_padding()
-    if mode == "compact-codec-zstd":
-        compact_codec_zstd()
+    if mode in PATCHES:
+        PATCHES[mode]()
     if mode == "never-refuse":
         cli.run(argv)
         if out is not None and not out.exists() and source is not None:

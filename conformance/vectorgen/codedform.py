@@ -30,13 +30,9 @@ def uleb(value: int) -> bytes:
 
 
 def rice_words(words: Sequence[int], k: int) -> tuple[bytes, bytes]:
-    """(unary, remainder) streams of the words themselves: q = v >> k, r = v mod 2^k."""
-    unary: list[int] = []
-    rem: list[int] = []
-    for v in words:
-        unary += [0] * (v >> k) + [1]
-        rem += [(v >> j) & 1 for j in range(k)]
-    return payload.pack_bits(unary), payload.pack_bits(rem)
+    """(unary, remainder) streams of the words themselves: q = v >> k, r = v mod 2^k,
+    the same streams §7.6.3 writes for gaps."""
+    return payload.rice_streams(words, k)
 
 
 def rice_k(words: Sequence[int], size: int) -> int:
