@@ -274,9 +274,11 @@ def _split(rest: Words, split: Words) -> _Level:
     mask = rest != split[0]
     kept = int(np.count_nonzero(mask))
     if not kept or kept >= DENSE_KEEP * len(rest):
-        bits = np.packbits(mask, bitorder="little")
-        unary = bits[: int(np.flatnonzero(bits)[-1]) + 1].tobytes() if kept else b""
-        k, rem, after = 0, b"", rest[mask]
+        # The stream ends with the byte of the last 1 bit: pack only up to it
+        # (argmax of the reversed mask stops at the first True).
+        last = len(mask) - 1 - int(np.argmax(mask[::-1])) if kept else -1
+        unary = np.packbits(mask[: last + 1], bitorder="little").tobytes()
+        k, rem, after = 0, b"", rest.take(np.flatnonzero(mask))
     else:
         keep = np.flatnonzero(mask)
         gaps = positions.gaps_of(keep)
