@@ -142,29 +142,20 @@ def decode(
     if len(view) < _HEAD.size:
         raise EncodingInvalidError("sparse payload shorter than its 16-byte head")
     coding, k, reserved, count = _HEAD.unpack_from(view)
-    value_coding = reserved[0]
-    bad_head = coding not in (BITMAP, RICE) or (coding == BITMAP and k)
-    if bad_head or reserved[1:] != bytes(5) or value_coding != VALUE_PLANES:
-        raise EncodingInvalidError(
-            f"sparse head invalid (coding {coding}, k {k}, value coding {value_coding})"
-        )
+    # reserved[0] is the value coding, already checked above to be 0.
+    if coding not in (BITMAP, RICE) or (coding == BITMAP and k) or reserved[1:] != bytes(5):
+        raise EncodingInvalidError(f"sparse head invalid (coding {coding}, k {k}, value coding 0)")
     if not 1 <= count <= m:
         raise EncodingInvalidError(f"sparse count {count} outside 1..{m}")
     planes_length = count * word.itemsize
     if coding == BITMAP:
-        cursor = _HEAD.size + (m + 7) // 8
-        _expect_length(view, cursor, planes_length)
-        pos = positions.bitmap_decode(view[_HEAD.size : cursor], count, m)
+        pos, cursor = _read_positions(view, coding, k, count, m, _HEAD.size, 0, planes_length)
     else:
         if k > positions.MAX_RICE_K or len(view) < _HEAD.size + 8:
             raise EncodingInvalidError(f"rice parameter {k} or head invalid")
         (unary_len,) = struct.unpack_from("<Q", view, _HEAD.size)
         start = _HEAD.size + 8
-        rem_len = (count * k + 7) // 8
-        cursor = start + unary_len + rem_len
-        _expect_length(view, cursor, planes_length)
-        unary = view[start : start + unary_len]
-        pos = positions.rice_decode(unary, view[start + unary_len : cursor], k, count, m)
+        pos, cursor = _read_positions(view, coding, k, count, m, start, unary_len, planes_length)
     return pos, planes.join(view[cursor:], count, word)
 
 
@@ -175,17 +166,27 @@ def _decode_short(
     coding, k = view[0], view[1]
     if coding not in (BITMAP, RICE) or (coding == BITMAP and k) or k > positions.MAX_RICE_K:
         raise EncodingInvalidError(f"sparse head invalid (coding {coding}, k {k}, value coding 1)")
-    if coding == BITMAP:
-        cursor = SHORT_HEAD + (m + 7) // 8
-        _expect_length(view, cursor, None)
-        pos = positions.bitmap_decode(view[SHORT_HEAD:cursor], count, m)
-    else:
-        unary_len, start = leb128.decode(view, SHORT_HEAD)
-        cursor = start + unary_len + (count * k + 7) // 8
-        _expect_length(view, cursor, None)
-        unary = view[start : start + unary_len]
-        pos = positions.rice_decode(unary, view[start + unary_len : cursor], k, count, m)
+    unary_len, start = (0, SHORT_HEAD) if coding == BITMAP else leb128.decode(view, SHORT_HEAD)
+    pos, cursor = _read_positions(view, coding, k, count, m, start, unary_len, None)
     return pos, values.decode(view[cursor:], count, word)
+
+
+def _read_positions(
+    view: memoryview, coding: int, k: int, count: int, m: int, start: int, unary_len: int,
+    planes_length: int | None,
+) -> tuple[Positions, int]:  # fmt: skip
+    """(positions, offset where the values start) of the position streams at ``start``:
+    the bitmap, or the Rice unary stream of ``unary_len`` bytes and its remainders.
+    The payload's length is checked first (:func:`_expect_length`)."""
+    if coding == BITMAP:
+        cursor = start + (m + 7) // 8
+        _expect_length(view, cursor, planes_length)
+        return positions.bitmap_decode(view[start:cursor], count, m), cursor
+    remainders = start + unary_len
+    cursor = remainders + (count * k + 7) // 8
+    _expect_length(view, cursor, planes_length)
+    pos = positions.rice_decode(view[start:remainders], view[remainders:cursor], k, count, m)
+    return pos, cursor
 
 
 def _expect_length(view: memoryview, values_start: int, planes_length: int | None) -> None:
@@ -216,9 +217,9 @@ def with_coded_values(
     """A valid v1 payload rewritten with the short head and coded values (value
     coding 1), and the offsets where its sections start (those of :func:`sections`,
     then of :func:`values.encode`); None when coding the values would not make the
-    payload smaller.  ``stored``
-    is the v1 payload's stored (compressed) length; its part past the positions,
-    which are counted raw, is taken as the values' cost."""
+    payload smaller.  ``stored`` is the v1 payload's stored (compressed) length;
+    its part past the positions, which are counted raw, is taken as the values'
+    cost."""
     view = memoryview(payload)
     values_start = len(view) - count * word.itemsize
     planes_bytes = max(0, stored - values_start)
