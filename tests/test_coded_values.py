@@ -225,7 +225,9 @@ def test_short_head_drops_the_count_and_fixed_width_fields(
 def _skewed_pair(tmp_path: Path) -> tuple[Path, Path]:
     rng = np.random.default_rng(5)
     base = rng.integers(0x3C00, 0x4000, size=1 << 14, dtype=np.uint16)
-    step = rng.choice(np.array([1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3]), size=base.size)
+    # A quarter changed, 80% of those one ULP up: values entropy 0.9 bits,
+    # where zstd's Huffman literals cost at least 1 bit per value.
+    step = rng.choice(np.array([1] * 16 + [-1] * 3 + [3] + [0] * 60), size=base.size)
     target = (base.astype(np.int64) + step).astype(np.uint16)
     b, t = tmp_path / "b.safetensors", tmp_path / "t.safetensors"
     b.write_bytes(safetensors_bytes({"w": RawTensor("BF16", (base.size,), base.tobytes())}))

@@ -212,20 +212,24 @@ CODED_MIN_BYTES = 128
 
 
 def with_coded_values(
-    payload: bytes | memoryview, m: int, count: int, word: np.dtype[Any], stored: int
-) -> tuple[bytes, list[int]] | None:
+    payload: bytes | memoryview, m: int, count: int, word: np.dtype[Any], stored: int | None,
+    min_gain: float = 0.0,
+) -> tuple[bytes, list[int]] | None:  # fmt: skip
     """A valid v1 payload rewritten with the short head and coded values (value
     coding 1), and the offsets where its sections start (those of :func:`sections`,
     then of :func:`values.encode`); None when coding the values would not make the
     payload smaller.  ``stored`` is the v1 payload's stored (compressed) length;
     its part past the positions, which are counted raw, is taken as the values'
-    cost."""
+    cost.  None: not compressed; the values' cost is then estimated from their
+    histogram, and they are coded only if that saves ``min_gain`` of it
+    (see :func:`values.encode`)."""
     view = memoryview(payload)
     values_start = len(view) - count * word.itemsize
-    planes_bytes = max(0, stored - values_start)
+    planes_bytes = count * word.itemsize if stored is None else max(0, stored - values_start)
     if planes_bytes < CODED_MIN_BYTES:
         return None
-    coded = values.encode(planes.join(view[values_start:], count, word), planes_bytes)
+    joined = planes.join(view[values_start:], count, word)
+    coded = values.encode(joined, None if stored is None else planes_bytes, min_gain)
     if coded is None or values_start + len(coded.data) > max_raw_length(m, word.itemsize):
         return None
     head = bytes([view[0], view[1], VALUE_CODED])
