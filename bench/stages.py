@@ -62,7 +62,8 @@ def encode_chunk(clock: Clock, b: np.ndarray[Any, Any], t: np.ndarray[Any, Any])
         tv = clock("values (gather + transform)", t.take, pos)
         values = clock("values (gather + transform)", transform.encode, kind, bv, tv)
         plan = clock("payload (Rice + planes)", sparse.plan_positions, pos, len(b))
-        payload = clock("payload (Rice + planes)", sparse.encode, pos, values, len(b), plan)
+        parts = clock("payload (Rice + planes)", sparse.parts, pos, values, len(b), plan)
+        payload, _ = clock("payload (Rice + planes)", parts.v1)
     clock("zstd (auto parameters)", codec.compress, payload, None)
 
 
@@ -80,7 +81,8 @@ def bitmap_chunk(
         values = clock("values (gather + transform)", d.take, pos)
         clock("values (gather + transform)", transform.code, kind, values)
         clock("payload (bitmap + planes)", payload.add, values)
-    return payload.finish()
+    payload, _ = clock("payload (bitmap + planes)", payload.finish().v1)
+    return payload
 
 
 def main() -> None:

@@ -108,8 +108,7 @@ def test_whole_sparse_payload_bit_flips_are_refused_or_decode_in_range(
     assume(len(v) > 0)
     m = 2 * len(v) + data.draw(st.integers(0, 64))
     pos = np.sort(data.draw(st.permutations(range(m)))[: len(v)]).astype(np.int64)
-    plain = sparse.encode(pos, v, m, sparse.plan_positions(pos, m))
-    recoded = sparse.with_coded_values(plain, m, len(v), v.dtype, 1 << 20)
+    recoded = sparse.parts(pos, v, m, sparse.plan_positions(pos, m)).coded(m, 1 << 20)
     assume(recoded is not None)
     assert recoded is not None
     got_pos, got = sparse.decode(recoded[0], m, v.dtype, coded=True, changed=len(v))
@@ -183,8 +182,10 @@ def test_value_coding_1_needs_the_feature() -> None:
     """S2: byte 2 = 1 is refused unless the header lists coded-values."""
     v = np.array([1, 2, 1, 1], dtype=np.uint16)
     pos = np.array([0, 3, 5, 9], dtype=np.int64)
-    plain = sparse.encode(pos, v, 16, sparse.plan_positions(pos, 16))
-    payload, _ = sparse.with_coded_values(plain, 16, 4, v.dtype, 1 << 20) or (b"", [])
+    payload, _ = sparse.parts(pos, v, 16, sparse.plan_positions(pos, 16)).coded(16, 1 << 20) or (
+        b"",
+        [],
+    )
     assert payload[2] == 1
     got_pos, got = sparse.decode(payload, 16, v.dtype, coded=True, changed=4)
     assert got_pos.tolist() == pos.tolist() and got.tolist() == v.tolist()
@@ -205,7 +206,7 @@ def test_short_head_drops_the_count_and_fixed_width_fields(
                                     max_size=len(pos))), dtype=np.uint16)  # fmt: skip
     plan = sparse.plan_positions(pos, 4096)
     plain = sparse.encode(pos, v, 4096, plan)
-    found = sparse.with_coded_values(plain, 4096, len(pos), v.dtype, 1 << 20)
+    found = sparse.parts(pos, v, 4096, plan).coded(4096, 1 << 20)
     if found is None:
         return
     payload, starts = found

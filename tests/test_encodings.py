@@ -329,7 +329,8 @@ def test_bitmap_chunk_built_block_by_block_matches_reference(
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(chunk, "BLOCK_ELEMENTS", block)
-        kind, payload = chunk._sparse_payload(base, target, changed, len(pos))
+        kind, parts = chunk._sparse_payload(base, target, changed, len(pos))
+    payload, _ = parts.v1()
     w = 8 * size
     values = [ref_transform(kind, int(base[i]), int(target[i]), w) for i in pos]
     assert bytes(payload) == ref_sparse(pos.tolist(), values, size, m, sparse.BITMAP, 0)
@@ -429,8 +430,7 @@ def test_sparse_sections_locate_remainders_and_planes(
     k = data.draw(st.integers(0, positions.MAX_RICE_K))
     gaps = positions.gaps_of(pos)
     for plan in (sparse.PositionPlan(sparse.BITMAP, 0, 0), sparse.PositionPlan(sparse.RICE, k, 0)):
-        payload = sparse.encode(pos, values, m, plan)
-        starts = sparse.sections(payload, m, size)
+        payload, starts = sparse.parts(pos, values, m, plan).v1()
         planes_at = starts[-size:]
         assert bytes(payload[planes_at[0] :]) == bytes(planes.split(values))
         assert np.diff(planes_at).tolist() == [len(pos)] * (size - 1)

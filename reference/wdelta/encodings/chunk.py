@@ -72,8 +72,8 @@ BLOCK_ELEMENTS = 1 << 18
 
 def _bitmap_payload(
     base: Words, target: Words, mask: np.ndarray[Any, Any], count: int
-) -> tuple[str, memoryview]:
-    """(transform, bitmap payload) for the ``count`` changed elements in ``mask``."""
+) -> tuple[str, sparse.Parts]:
+    """(transform, bitmap payload parts) for the ``count`` changed elements in ``mask``."""
     kind = _pick_transform(base, target, estimate.sample_mask(mask, count))
     payload = sparse.BitmapPayload(mask, count, base.dtype)
     for a in range(0, len(base), BLOCK_ELEMENTS):
@@ -87,20 +87,21 @@ def _bitmap_payload(
 
 def _sparse_payload(
     base: Words, target: Words, mask: np.ndarray[Any, Any], count: int
-) -> tuple[str, bytes | memoryview]:
-    """(transform, sparse payload) for the ``count`` changed elements in ``mask``."""
+) -> tuple[str, sparse.Parts]:
+    """(transform, sparse payload parts) for the ``count`` changed elements in ``mask``."""
     if count >= len(base) * BITMAP_DENSITY:
         return _bitmap_payload(base, target, mask, count)
     # Gathering through positions is several times faster than boolean indexing.
     return _positions_payload(base, target, np.flatnonzero(mask))
 
 
-def _positions_payload(base: Words, target: Words, pos: Positions) -> tuple[str, bytes]:
-    """(transform, sparse payload) for the changed elements at ``pos`` (fewer than a bitmap's)."""
+def _positions_payload(base: Words, target: Words, pos: Positions) -> tuple[str, sparse.Parts]:
+    """(transform, sparse payload parts) for the changed elements at ``pos`` (fewer than a
+    bitmap's)."""
     m = len(base)
     kind = _pick_transform(base, target, estimate.sample(pos))
     values = transform.encode(kind, base.take(pos), target.take(pos))
-    return kind, sparse.encode(pos, values, m, sparse.plan_positions(pos, m))
+    return kind, sparse.parts(pos, values, m, sparse.plan_positions(pos, m))
 
 
 # From this size on, changed elements are first looked for 8 bytes at a time:
@@ -164,8 +165,8 @@ def _sparse_positions(base: Words, target: Words) -> Positions | None:
     return pos
 
 
-def _changes(base: Words, target: Words) -> tuple[int, str, bytes | memoryview] | None:
-    """(changed count, transform, sparse payload), or None if nothing changed."""
+def _changes(base: Words, target: Words) -> tuple[int, str, sparse.Parts] | None:
+    """(changed count, transform, sparse payload parts), or None if nothing changed."""
     pos = _sparse_positions(base, target)
     if pos is not None:
         return (len(pos), *_positions_payload(base, target, pos)) if len(pos) else None
@@ -186,20 +187,20 @@ SURE_GAIN = 0.1
 
 
 def _sparse_candidates(
-    fields: dict[str, Any], payload: bytes | memoryview, m: int, c: int, word: np.dtype[Any],
-    level: int | None, coded: bool,
-) -> list[Encoded]:  # fmt: skip
+    fields: dict[str, Any], found: sparse.Parts, m: int, level: int | None, coded: bool
+) -> list[Encoded]:
     """The stored sparse payload: v1, coded values, or both to keep the smaller."""
-    if coded and len(payload) >= codec.AUTO_SMALL_BYTES:
-        sure = sparse.with_coded_values(payload, m, c, word, None, SURE_GAIN)
+    size = found.values.dtype.itemsize
+    if coded and len(found.streams) + len(found.values) * size >= codec.AUTO_SMALL_BYTES:
+        sure = found.coded(m, None, SURE_GAIN)
         if sure is not None:
-            found = _store(fields, sure[0], level, sure[1])
-            return [Encoded(found.fields, found.blob, True)]
-    candidates = [_store(fields, payload, level, sparse.sections(payload, m, word.itemsize))]
+            stored = _store(fields, sure[0], level, sure[1])
+            return [Encoded(stored.fields, stored.blob, True)]
+    payload, sections = found.v1()
+    candidates = [_store(fields, payload, level, sections)]
     if coded:
         # Kept only when its stored blob is smaller: never worse than the v1 payload.
-        stored = candidates[0].fields["length"]
-        recoded = sparse.with_coded_values(payload, m, c, word, stored)
+        recoded = found.coded(m, candidates[0].fields["length"])
         if recoded is not None:
             alt = _store(fields, recoded[0], level, recoded[1])
             candidates.append(Encoded(alt.fields, alt.blob, True))
@@ -218,10 +219,10 @@ def encode_modified(
     found = _changes(base, target)
     if found is None:
         return Encoded({"encoding": "unchanged", "changed": 0}, None)
-    c, kind, payload = found
+    c, kind, parts = found
     fields = {"encoding": "sparse", "changed": c, "transform": kind}
     size = base.dtype.itemsize
-    candidates = _sparse_candidates(fields, payload, m, c, base.dtype, level, coded)
+    candidates = _sparse_candidates(fields, parts, m, level, coded)
     if c > m * SPARSE_ONLY_DENSITY or base.nbytes <= ALWAYS_TRY_BYTES:
         dense = planes.split(transform.encode(kind, base, target))
         dense_planes = [j * m for j in range(size)]

@@ -60,65 +60,111 @@ def plan_positions(pos: Positions, m: int) -> PositionPlan:
     return PositionPlan(BITMAP, 0, bitmap, gaps, ones)
 
 
-def encode(pos: Positions, values: Words, m: int, plan: PositionPlan) -> bytes:
-    """Payload for sorted positions ``pos`` in a chunk of m and their values."""
-    count = len(pos)
+# Values that the codec stores in fewer bytes than this are not worth a try:
+# the per-chunk cost of counting and costing words is fixed, the gain small.
+# Measured on the real fp8 trace (step 6-7, threads=1, CPU): from 32 to 128
+# bytes the data section grows by 0.1-0.2% (lr 1e-6: 1.064 -> 1.066 of the
+# bound) and encoding takes 65 instead of 79 ms (lr 1e-5: 94 instead of 112;
+# byte planes: 46 and 70 ms); at 256 lr 1e-6 loses 3%.
+CODED_MIN_BYTES = 128
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A sparse payload before its values are laid out: the position coding, its
+    Rice k, the unary stream's length U (0 for a bitmap), the position streams
+    (the bitmap, or the unary and remainder streams) and the changed elements'
+    values, contiguous and in position order.  :meth:`v1` lays the values out
+    as byte planes, :meth:`coded` codes them (feature ``coded-values``)."""
+
+    coding: int
+    k: int
+    unary_len: int
+    streams: bytes | memoryview
+    values: Words
+
+    def v1(self) -> tuple[memoryview, list[int]]:
+        """The payload with value coding 0, and where its sections start: the Rice remainders
+        (rice only), then each byte plane of the values, in order."""
+        count, size = len(self.values), self.values.dtype.itemsize
+        head = _HEAD.pack(self.coding, self.k, bytes(6), count)
+        if self.coding == RICE:
+            head += struct.pack("<Q", self.unary_len)
+        start = len(head) + len(self.streams)
+        buf = np.empty(start + count * size, dtype=np.uint8)
+        buf[: len(head)] = np.frombuffer(head, np.uint8)
+        buf[len(head) : start] = np.frombuffer(self.streams, np.uint8)
+        planes.split_into(self.values, buf[start:].reshape(size, count))
+        remainders = [len(head) + self.unary_len] if self.coding == RICE else []
+        return buf.data, remainders + [start + j * count for j in range(size)]
+
+    def coded(
+        self, m: int, stored: int | None, min_gain: float = 0.0
+    ) -> tuple[bytes, list[int]] | None:
+        """The payload with the short head and coded values (value coding 1), and
+        where its sections start; None when coding the values would not make the
+        payload smaller.  ``stored`` is the v1 payload's stored (compressed) length;
+        its part past the positions, which are counted raw, is taken as the
+        values' cost.  None: not compressed; the values' cost is then estimated
+        from their histogram, and they are coded only if that saves ``min_gain``
+        of it (see :func:`values.encode`)."""
+        count, size = len(self.values), self.values.dtype.itemsize
+        streams_at = _HEAD.size + (8 if self.coding == RICE else 0)
+        values_start = streams_at + len(self.streams)  # in the v1 payload
+        planes_bytes = count * size if stored is None else max(0, stored - values_start)
+        if planes_bytes < CODED_MIN_BYTES:
+            return None
+        found = values.encode(self.values, None if stored is None else planes_bytes, min_gain)
+        if found is None or values_start + len(found.data) > max_raw_length(m, size):
+            return None
+        head = bytes([self.coding, self.k, VALUE_CODED])
+        if self.coding == RICE:
+            head += leb128.encode(self.unary_len)
+        at = len(head) + len(self.streams)
+        starts = [len(head) + self.unary_len] if self.coding == RICE else []
+        starts += [at + s for s in [0, *found.sections]]
+        return b"".join((head, self.streams, found.data)), starts
+
+
+def parts(pos: Positions, values: Words, m: int, plan: PositionPlan) -> Parts:
+    """The parts of the payload for sorted positions ``pos`` in a chunk of m."""
     if plan.coding == BITMAP:
-        head = _HEAD.pack(BITMAP, 0, bytes(6), count)
-        body = positions.bitmap_encode(pos, m)
-        return b"".join((head, body, planes.split(values)))
+        return Parts(BITMAP, 0, 0, positions.bitmap_encode(pos, m), values)
     gaps = plan.gaps if plan.gaps is not None else positions.gaps_of(pos)
     unary, rem = positions.rice_encode(gaps, plan.k, plan.ones)
-    head = _HEAD.pack(RICE, plan.k, bytes(6), count) + struct.pack("<Q", len(unary))
-    return b"".join((head, unary, rem, planes.split(values)))
+    return Parts(RICE, plan.k, len(unary), unary + rem, values)
+
+
+def encode(pos: Positions, values: Words, m: int, plan: PositionPlan) -> bytes:
+    """Payload (value coding 0) for sorted positions ``pos`` and their values."""
+    return bytes(parts(pos, values, m, plan).v1()[0])
 
 
 class BitmapPayload:
-    """A bitmap payload built from a changed-element mask, values added in order.
-
-    The buffer is sized up front from the mask and the change count, and each
-    batch of values is split straight into its place in the planes, so an
-    encoder can produce values block by block without collecting them first.
-    """
+    """The parts of a bitmap payload built from a changed-element mask, values
+    added in order, so that an encoder can produce values block by block
+    without collecting them first."""
 
     def __init__(self, mask: np.ndarray[Any, np.dtype[np.bool_]], count: int, word: np.dtype[Any]):
-        bits = (len(mask) + 7) // 8
-        start = _HEAD.size + bits
-        self._buf = np.empty(start + count * word.itemsize, dtype=np.uint8)
-        self._buf[: _HEAD.size] = np.frombuffer(_HEAD.pack(BITMAP, 0, bytes(6), count), np.uint8)
-        self._buf[_HEAD.size : start] = np.packbits(mask, bitorder="little")
-        self._rows = self._buf[start:].reshape(word.itemsize, count)
-        self._count = count
+        self._bitmap = np.packbits(mask, bitorder="little").data
+        self._values: Words = np.empty(count, dtype=word)
         self._filled = 0
 
     def add(self, values: Words) -> None:
         """Append the values of the next changed elements, in position order."""
         end = self._filled + len(values)
-        if end > self._count:
-            raise ValueError(f"more than the {self._count} values the bitmap announces")
-        planes.split_into(values, self._rows[:, self._filled : end])
+        if end > len(self._values):
+            raise ValueError(f"more than the {len(self._values)} values the bitmap announces")
+        self._values[self._filled : end] = values
         self._filled = end
 
-    def finish(self) -> memoryview:
-        """The payload; every announced value must have been added."""
-        if self._filled != self._count:
-            raise ValueError(f"{self._filled} values added, the bitmap announces {self._count}")
-        return self._buf.data
-
-
-def sections(payload: bytes | memoryview, m: int, size: int) -> list[int]:
-    """Offsets where the parts of a valid payload start: the Rice remainders
-    (rice only), then each byte plane of the values, in order."""
-    coding, k, _, count = _HEAD.unpack_from(payload)
-    if coding == BITMAP:
-        values = _HEAD.size + (m + 7) // 8
-        starts = []
-    else:
-        (unary_len,) = struct.unpack_from("<Q", payload, _HEAD.size)
-        remainders = _HEAD.size + 8 + unary_len
-        values = remainders + (count * k + 7) // 8
-        starts = [remainders]
-    return starts + [values + j * count for j in range(size)]
+    def finish(self) -> Parts:
+        """The parts; every announced value must have been added."""
+        if self._filled != len(self._values):
+            raise ValueError(
+                f"{self._filled} values added, the bitmap announces {len(self._values)}"
+            )
+        return Parts(BITMAP, 0, 0, self._bitmap, self._values)
 
 
 def decode(
@@ -200,45 +246,3 @@ def _expect_length(view: memoryview, values_start: int, planes_length: int | Non
         raise EncodingInvalidError(
             f"sparse payload is {len(view)} bytes, layout implies {values_start + planes_length}"
         )
-
-
-# Values that the codec stores in fewer bytes than this are not worth a try:
-# the per-chunk cost of counting and costing words is fixed, the gain small.
-# Measured on the real fp8 trace (step 6-7, threads=1, CPU): from 32 to 128
-# bytes the data section grows by 0.1-0.2% (lr 1e-6: 1.064 -> 1.066 of the
-# bound) and encoding takes 65 instead of 79 ms (lr 1e-5: 94 instead of 112;
-# byte planes: 46 and 70 ms); at 256 lr 1e-6 loses 3%.
-CODED_MIN_BYTES = 128
-
-
-def with_coded_values(
-    payload: bytes | memoryview, m: int, count: int, word: np.dtype[Any], stored: int | None,
-    min_gain: float = 0.0,
-) -> tuple[bytes, list[int]] | None:  # fmt: skip
-    """A valid v1 payload rewritten with the short head and coded values (value
-    coding 1), and the offsets where its sections start (those of :func:`sections`,
-    then of :func:`values.encode`); None when coding the values would not make the
-    payload smaller.  ``stored`` is the v1 payload's stored (compressed) length;
-    its part past the positions, which are counted raw, is taken as the values'
-    cost.  None: not compressed; the values' cost is then estimated from their
-    histogram, and they are coded only if that saves ``min_gain`` of it
-    (see :func:`values.encode`)."""
-    view = memoryview(payload)
-    values_start = len(view) - count * word.itemsize
-    planes_bytes = count * word.itemsize if stored is None else max(0, stored - values_start)
-    if planes_bytes < CODED_MIN_BYTES:
-        return None
-    joined = planes.join(view[values_start:], count, word)
-    coded = values.encode(joined, None if stored is None else planes_bytes, min_gain)
-    if coded is None or values_start + len(coded.data) > max_raw_length(m, word.itemsize):
-        return None
-    head = bytes([view[0], view[1], VALUE_CODED])
-    streams = _HEAD.size
-    if view[0] == RICE:
-        (unary_len,) = struct.unpack_from("<Q", view, _HEAD.size)
-        head += leb128.encode(unary_len)
-        streams += 8
-    shift = streams - len(head)  # the short head is this much shorter
-    starts = [s - shift for s in sections(view, m, word.itemsize) if s < values_start]
-    starts += [values_start - shift + s for s in [0, *coded.sections]]
-    return head + bytes(view[streams:values_start]) + coded.data, starts
