@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import wdelta
 from kit import RawTensor, safetensors_bytes
 from test_cli import assert_ok, run
-from wdelta.encodings import leb128, sparse, values
+from wdelta.encodings import chunk, codec, leb128, sparse, values
 from wdelta.errors import EncodingInvalidError, IndexOutOfRangeError, WdeltaError
 
 WIDTHS = (np.uint8, np.uint16, np.uint32, np.uint64)
@@ -276,3 +276,40 @@ def test_a_reader_without_the_feature_refuses_coded_values(
     monkeypatch.setattr(header_module, "KNOWN_FEATURES", frozenset({"compact-header"}))
     with pytest.raises(wdelta.UnsupportedFeatureError, match="coded-values"):
         wdelta.verify(delta)
+
+
+def _large_skewed_chunk(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A bf16 chunk of 1M elements, 30% changed, 90% of those by one ULP up: its sparse
+    payload is over 64 KiB and its values (entropy 0.6 bits) code far below their
+    byte planes (Huffman: at least 1 bit each)."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0x3C00, 0x4000, size=1 << 20, dtype=np.uint16)
+    step = rng.choice(np.array([1] * 18 + [-1, 2] + [0] * 46), size=base.size)
+    return base, (base.astype(np.int64) + step).astype(np.uint16)
+
+
+@pytest.mark.parametrize("sure_gain", [chunk.SURE_GAIN, 2.0])
+def test_large_payload_codes_values_with_one_or_two_compressions(
+    sure_gain: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large payload whose estimate clears SURE_GAIN is compressed once, coded; with
+    the bar out of reach (2.0) the v1 form is compressed first and the coded one kept
+    for being smaller.  Either way the chunk decodes to the target."""
+    base, target = _large_skewed_chunk(3)
+    calls: list[int] = []
+    compress = codec.compress
+
+    def counted(raw: bytes | memoryview, *args: object) -> tuple[str, bytes | memoryview]:
+        calls.append(len(raw))
+        return compress(raw, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chunk, "SURE_GAIN", sure_gain)
+    monkeypatch.setattr(codec, "compress", counted)
+    found = chunk.encode_modified(base, target, None, False, coded=True)
+    assert found.coded and found.fields["encoding"] == "sparse"
+    assert len(calls) == (1 if sure_gain < 1 else 2)
+    fields = found.fields
+    raw = codec.decompress(fields["codec"], bytes(found.blob or b""), fields["raw_length"])
+    out = chunk.decode("sparse", fields["transform"], raw, base.copy(), len(base), base.dtype,
+                       False, fields["changed"], coded=True)  # fmt: skip
+    assert np.array_equal(out, target)
