@@ -103,9 +103,13 @@ def test_signal_mid_write_removes_the_temporary(
     for attempt in range(5):
         out = tmp_path / str(attempt) / "r.safetensors"
         out.parent.mkdir()
+        # The child starts with the signal at its default action even when this run
+        # ignores it (a suite started under nohup ignores SIGHUP, and wdelta, like
+        # any program, leaves an inherited "ignore" alone).
         proc = subprocess.Popen(
             [str(WDELTA), "apply", str(base), str(delta), "-o", str(out), "-q"],
             stderr=subprocess.PIPE, text=True, env=ENV,
+            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),
         )  # fmt: skip
         while proc.poll() is None and not leftovers(out.parent):
             time.sleep(0.001)
