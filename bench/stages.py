@@ -45,7 +45,7 @@ class Clock:
 
 def encode_chunk(clock: Clock, b: np.ndarray[Any, Any], t: np.ndarray[Any, Any]) -> None:
     """The encoder's sparse path for one chunk, step by step."""
-    h = new_hasher(1)
+    h = new_hasher(2, b.nbytes)  # as the encoder's two workers hash: single-threaded
     clock("BLAKE3 of base and target", h.update, b.data.cast("B"))
     clock("BLAKE3 of base and target", h.update, t.data.cast("B"))
     mask = clock("mask (base != target)", np.not_equal, b, t)

@@ -16,9 +16,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import blake3
 import numpy as np
 
-from .digest import new_hasher
+from .digest import EMPTY_DIGEST, new_hasher
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -111,22 +112,33 @@ class TensorDigests:
     the 133 mostly small tensors of the fp8 real trace).
     """
 
-    def __init__(self, stream: int, workers: int, single: bool = False) -> None:
+    def __init__(self, stream: int, workers: int, elements: int, single: bool = False) -> None:
         self.stream = stream
         self.single = single
-        self.hashers = (new_hasher(workers), new_hasher(workers))
+        self.workers = workers
+        self.elements = elements
+        # Made at the first chunk, whose words give the tensor's size in bytes.
+        self.hashers: list[blake3.blake3 | None] = [None, None]
+
+    def _hasher(self, which: int, words: Words) -> blake3.blake3:
+        hasher = self.hashers[which]
+        if hasher is None:
+            hasher = new_hasher(self.workers, self.elements * words.dtype.itemsize)
+            self.hashers[which] = hasher
+        return hasher
 
     def feed(self, seq: Sequencer, which: int, index: int, words: Words) -> None:
         if self.single:
-            self.hashers[which].update(words.data.cast("B"))
+            self._hasher(which, words).update(words.data.cast("B"))
             return
         with seq.turn(self.stream + which, index):
-            self.hashers[which].update(words.data.cast("B"))
+            self._hasher(which, words).update(words.data.cast("B"))
 
     def hexdigest(self, seq: Sequencer, which: int) -> str:
         """The finished digest ``which``; its stream is forgotten."""
         seq.close(self.stream + which)
-        return str(self.hashers[which].hexdigest())
+        hasher = self.hashers[which]
+        return EMPTY_DIGEST if hasher is None else str(hasher.hexdigest())
 
 
 @dataclass(frozen=True)
@@ -186,6 +198,6 @@ def chunk_tasks(
     """One task per chunk of every item, in order; empty items yield nothing."""
     for k, item in enumerate(items):
         n = elements(item)
-        digests = TensorDigests(2 * k, workers, single=n <= chunk_elements)
+        digests = TensorDigests(2 * k, workers, n, single=n <= chunk_elements)
         for i, start in enumerate(range(0, n, chunk_elements)):
             yield ChunkTask(item, i, start, min(chunk_elements, n - start), n, digests)

@@ -101,7 +101,7 @@ class Slot:
 
     def digest(self) -> str:
         """BLAKE3 of the tensor's bytes (SPEC §9.3), read without a copy when possible."""
-        hasher = new_hasher(1)
+        hasher = new_hasher(1, self.elements * self.dtype.size)
         view = self.whole()
         if view is not None:
             hasher.update(view)

@@ -26,7 +26,7 @@ def digest_of(ckpt: Checkpoint) -> str:
     """The checkpoint digest of an open checkpoint (every byte hashed)."""
     ids = []
     for t in ckpt.tensors.values():
-        h = new_hasher()
+        h = new_hasher(1, t.nbytes)
         for start in range(0, t.elements, READ_ELEMENTS):
             h.update(t.read(start, min(READ_ELEMENTS, t.elements - start)).data.cast("B"))
         ids.append(TensorIdentity(t.name, t.dtype.name, t.shape, h.hexdigest()))

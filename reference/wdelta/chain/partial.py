@@ -110,7 +110,8 @@ def _apply_tensor(
     header: Header, step: Step, ckpt: Checkpoint, blobs: Blobs, fd: int, out_offset: int
 ) -> None:
     entry = step.entry
-    hashers = (new_hasher(), new_hasher())
+    nbytes = entry.elements * entry.dtype.size
+    hashers = (new_hasher(1, nbytes), new_hasher(1, nbytes))
     count = -(-entry.elements // header.chunk_elements)
     for i in range(count):
         start, m = header.chunk_span(entry, i)

@@ -124,7 +124,7 @@ def extract_remote(
         init_file(fd, layout)
         for name in names:
             key, at, t = found[name]
-            h = new_hasher()
+            h = new_hasher(1, t.end - t.begin)
             for pos in range(0, t.end - t.begin, RANGE_WINDOW):
                 block = storage.read_range(key, at + pos, min(RANGE_WINDOW, t.end - t.begin - pos))
                 h.update(block)
