@@ -212,7 +212,7 @@ def encode(values: Words, planes_bytes: int | None = None, min_gain: float = 0.0
 # bytes.  On the real trace (steps 0-10 of each case, as bench/tracesizes.py sums) 1/64 and 1/32
 # make the deltas up to 0.3% smaller than 0 (fp8 lr1e-6: the same to 0.02%),
 # with two levels instead of four on most bf16 chunks (1.55 instead of 1.91
-# times the changed count scanned); 1/16 drops needed levels (1-5% larger).
+# times the changed count scanned); 1/16 drops needed levels (up to 7% larger).
 LEVEL_SCAN_BYTES = 1 / 32
 
 
