@@ -40,8 +40,9 @@ def new_hasher(workers: int, nbytes: int) -> blake3.blake3:
 
 def digest_bytes(data: bytes | bytearray | memoryview) -> str:
     """BLAKE3-256 of ``data`` as 64 lowercase hex characters."""
-    threads = blake3.blake3.AUTO if len(data) >= _THREADED_MIN_BYTES else 1
-    return str(blake3.blake3(data, max_threads=threads).hexdigest())
+    hasher = new_hasher(1, len(data))
+    hasher.update(data)
+    return str(hasher.hexdigest())
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

@@ -37,13 +37,20 @@ def rice_bits(gaps: Positions, k: int) -> int:
     return int(np.sum(gaps >> k)) + len(gaps) * (k + 1)
 
 
+def rice_k_candidates(mean: float, top: int = MAX_RICE_K) -> range:
+    """The Rice parameters worth trying for values (gaps or words) of mean ``mean``:
+    the k near log2(mean · ln 2), best for geometric values, and its neighbours,
+    within 0 .. ``top``."""
+    scaled = mean * math.log(2)
+    centre = min(top, int(math.log2(scaled))) if scaled >= 1 else 0
+    return range(max(0, centre - 1), min(top, centre + 1) + 1)
+
+
 def best_rice_k(gaps: Positions) -> int:
     """The k near log2(mean gap · ln 2) minimising size, judged on a sample of gaps."""
     sample = gaps[:: max(1, len(gaps) // _K_SAMPLE)]
     mean = float(np.mean(sample)) if len(sample) else 0.0
-    centre = int(math.log2(mean * math.log(2))) if mean * math.log(2) >= 1 else 0
-    candidates = range(max(0, centre - 1), min(MAX_RICE_K, centre + 1) + 1)
-    return min(candidates, key=lambda k: rice_bits(sample, k))
+    return min(rice_k_candidates(mean), key=lambda k: rice_bits(sample, k))
 
 
 def unary_ones(gaps: Positions, k: int) -> Positions:

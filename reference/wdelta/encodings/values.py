@@ -316,14 +316,12 @@ def _geometric_rice_k(kept: int, n: int) -> int:
     are fewest.  From the counts alone, where :func:`positions.best_rice_k` sums the
     actual gaps three times: on the real trace the deltas are the same to 0.01%."""
     p = kept / n
-    mean = (n - kept) / kept * math.log(2)
-    centre = min(positions.MAX_RICE_K, int(math.log2(mean))) if mean >= 1 else 0
 
     def bits(k: int) -> float:
         r = (1 - p) ** (1 << k)
         return r / (1 - r) + 1 + k if r < 1 else math.inf
 
-    return min(range(max(0, centre - 1), min(positions.MAX_RICE_K, centre + 1) + 1), key=bits)
+    return min(positions.rice_k_candidates((n - kept) / kept), key=bits)
 
 
 def _histogram(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -428,9 +426,7 @@ def _rice_k(words: np.ndarray[Any, Any], counts: np.ndarray[Any, Any], size: int
     if not n:
         return None
     mean = float(np.dot(words.astype(np.float64), counts)) / n
-    centre = int(math.log2(mean * math.log(2))) if mean * math.log(2) >= 1 else 0
-    top = 8 * size - 1
-    candidates = range(max(0, min(top, centre) - 1), min(top, centre + 1) + 1)
+    candidates = positions.rice_k_candidates(mean, 8 * size - 1)
     return min(candidates, key=lambda k: _rice_bytes(words, counts, k))
 
 
