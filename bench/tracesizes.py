@@ -52,10 +52,15 @@ def main(args: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     root = Path(args[0])
+    cases = sorted(p.parent for p in root.glob("lr*/*/step-000.safetensors"))
+    if not cases:
+        print(f"error: {root}: no trace cases (lr*/<dtype>/step-000.safetensors) here; pass a "
+              "folder bench/realtrace.py wrote, e.g. bench/out/realtrace/<key>", file=sys.stderr)
+        return 2
     cache = root / "bounds.json"
     bounds = json.loads(cache.read_text()) if cache.exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
-        for case in sorted(p.parent for p in root.glob("lr*/*/step-000.safetensors")):
+        for case in cases:
             print(case_line(case, bounds, Path(tmp)), flush=True)
     cache.write_text(json.dumps(bounds))
     return 0
