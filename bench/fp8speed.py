@@ -93,8 +93,8 @@ def measure(base: Path, target: Path, work: Path, args: argparse.Namespace) -> s
         hashing.append(_hash_both(base, target))
     delta = work / "pair.wdelta"
     wdelta.diff(base, target, delta, threads=args.threads, overwrite=True)
-    with wdelta.open_delta(delta) as d:
-        data = d.data_length
+    with wdelta.open_delta(delta) as d:  # every blob: the data section's and inline ones
+        data = d.data_length + sum(c.length for t in d.header.tensors for c in t.chunks if c.inline)
     b = bound.information_bound(base, target, d.header.chunk_elements)
     (we, wc), (wd, wdc) = _best(ours["enc"]), _best(ours["dec"])
     (ze, zc), (zd, zdc) = _best(ref["enc"]), _best(ref["dec"])

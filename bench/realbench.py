@@ -51,13 +51,16 @@ def _bounds(loaded: peers.Loaded, chunk_elements: int) -> dict[str, float]:
 
 
 def _delta_parts(delta: Path) -> dict[str, Any]:
-    """Header (with prefix and padding; and its JSON text alone) and data-section bytes,
-    tensor count and scale-tensor blob bytes of a delta."""
+    """Header (with prefix and padding; and its JSON text alone) and blob bytes, tensor
+    count and scale-tensor blob bytes of a delta.  ``data_bytes`` counts every stored blob,
+    the data section's and the inline ones of SPEC §4.12 (their bytes, not their base64
+    text): the data-section target measures coding, not where a blob is kept."""
     with wdelta.open_delta(delta) as d:
         scale = sum(c.length for t in d.header.tensors if t.name.endswith("_scale_inv")
                     for c in t.chunks)  # fmt: skip
+        inline = sum(c.length for t in d.header.tensors for c in t.chunks if c.inline)
         return {"header_bytes": d.data_start, "header_json_bytes": header_json_bytes(delta),
-                "data_bytes": d.data_length,
+                "data_bytes": d.data_length + inline, "inline_bytes": inline,
                 "tensors": len(d.header.tensors), "scale_bytes": scale,
                 "chunk_elements": d.header.chunk_elements,
                 "compaction": headersize.compaction(d.header.raw)}  # fmt: skip

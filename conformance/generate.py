@@ -32,6 +32,7 @@ from vectorgen import (  # noqa: E402
     edge,
     encoder,
     host,
+    inline_cases,
     invalid_decode,
     invalid_header,
     invalid_layout,
@@ -81,7 +82,8 @@ def build_suite() -> Suite:
                         invalid_rules.add_rule_cases, invalid_layout.add_layout_cases,
                         invalid_payload.add_payload_cases, invalid_decode.add_integrity_cases,
                         invalid_decode.add_base_cases,
-                        compact_cases.add_compact_cases, coded_cases.add_coded_cases):  # fmt: skip
+                        compact_cases.add_compact_cases, coded_cases.add_coded_cases,
+                        inline_cases.add_inline_cases):  # fmt: skip
         add_invalid(h)
     encoder.add_encoder_cases(suite)
     chains.add_rule_cases(suite)

@@ -17,7 +17,10 @@ coded values (SPEC §7.6.6) ``coded-no-level-cap`` (reads up to 255 levels),
 ``coded-one-level-less`` (takes L - 1 for L), ``lax-remainder-padding``
 (clears the padding bits of every Rice remainder stream before reading it) and
 ``compact-codec-zstd`` (a compact chunk without ``z`` is zstd even with
-coded-values, the C2 of compact files without coded values).
+coded-values, the C2 of compact files without coded values); for inline blobs
+(SPEC §4.12) ``inline-ignored`` (knows the feature's name but never reads
+``inline``) and ``inline-in-placement`` (places the data section's blobs as if
+inline ones were in it, §4.7).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import math
 import shutil
 import struct
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ import wdelta.container
 import wdelta.encodings.positions
 import wdelta.encodings.values
 import wdelta.header
+import wdelta.inline_blobs
 from wdelta import cli
 from wdelta.checkpoint.safetensors_header import FileLayout, parse_header
 from wdelta.checkpoint.source import pread_into
@@ -175,7 +180,7 @@ def coded_one_level_less() -> None:
 
 def compact_codec_zstd() -> None:
     """Expand a compact chunk without z to codec zstd, whatever the features (C2 dropped)."""
-    wdelta.compact._default_codec = lambda chunk, raw_by_default: "zstd"
+    wdelta.compact._default_codec = lambda chunk, raw_by_default, inline: "zstd"
 
 
 def lax_remainder_padding() -> None:
@@ -223,6 +228,31 @@ def _argv(args: list[str]) -> tuple[list[str], Path | None, Path | None]:
     return [*command, "-o", out, "-q", *(["--reverse"] if reverse else [])], Path(out), Path(a)
 
 
+def inline_ignored() -> None:
+    """List inline-blobs as known but read no chunk's inline member (K2 on every one)."""
+    wdelta.inline_blobs.FEATURE = "inline-blobs (not read)"
+
+
+def inline_in_placement() -> None:
+    """Count inline blobs in the offsets of the data section's blobs (§4.7 broken)."""
+    check = wdelta.header._check_blobs
+
+    def counted(tensors: Any, data_length: int) -> None:
+        cursor = inline = 0
+        moved = []
+        for t in tensors:
+            chunks = []
+            for c in t.chunks:
+                if c.inline is not None:  # as if it were the next blob of the data section
+                    c, inline = replace(c, inline=None, offset=cursor), inline + c.length
+                cursor += c.length if c.encoding != "unchanged" else 0
+                chunks.append(c)
+            moved.append(replace(t, chunks=tuple(chunks)))
+        check(tuple(moved), data_length + inline)
+
+    wdelta.header._check_blobs = counted
+
+
 # Modes that patch the reference and then run it as it is.
 PATCHES = {
     "ignore-checksums": ignore_checksums,
@@ -234,6 +264,8 @@ PATCHES = {
     "coded-one-level-less": coded_one_level_less,
     "lax-remainder-padding": lax_remainder_padding,
     "compact-codec-zstd": compact_codec_zstd,
+    "inline-ignored": inline_ignored,
+    "inline-in-placement": inline_in_placement,
 }
 
 

@@ -1,8 +1,11 @@
-"""Suite-wide settings: deterministic Hypothesis runs with no example database."""
+"""Suite-wide settings: deterministic Hypothesis runs with no example database; fixtures."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from wdelta import inline_blobs
 
 # derandomize: every run draws the same examples, so a red CI run reproduces
 # locally; no database, so runs leave nothing in the working tree.
@@ -15,3 +18,10 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("wdelta")
+
+
+@pytest.fixture
+def no_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoder of this process keeps every blob in the data section (no SPEC §4.12
+    inline blobs), for tests about blobs there: their checksums, reads, truncation."""
+    monkeypatch.setattr(inline_blobs, "WRITE_MAX_BYTES", 0)

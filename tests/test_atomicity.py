@@ -43,7 +43,10 @@ def _tensors(seed: int) -> dict[str, RawTensor]:
     for i in range(6):
         words = random_words(np.random.default_rng(i), 4, 1000)
         if seed:
-            words[rng.choice(1000, 30, replace=False)] ^= np.uint32(1)
+            # Random new words: each tensor's blob (~300 bytes) is in the data section,
+            # beyond the reference's inline blobs of at most 128 bytes (SPEC §4.12).
+            changed = rng.choice(1000, 60, replace=False)
+            words[changed] ^= rng.integers(1, 1 << 32, size=60, dtype=np.uint32)
         out[f"layer{i}"] = RawTensor("F32", (1000,), words.tobytes())
     return out
 

@@ -26,7 +26,8 @@ def _pair(tmp_path: Path) -> tuple[Path, Path]:
     rng = np.random.default_rng(7)
     words = rng.integers(0, 2**16, 50_000, dtype=np.uint16)
     changed = words.copy()
-    changed[::97] ^= 1
+    # Random new words: a blob of about 1 KB, in the data section (not inline, SPEC §4.12).
+    changed[::97] ^= rng.integers(1, 2**16, len(changed[::97]), dtype=np.uint16)
     base, target = {"w": words.view(np.float16)}, {"w": changed.view(np.float16)}
     save_file(base, str(tmp_path / "base.safetensors"))
     save_file(target, str(tmp_path / "target.safetensors"))

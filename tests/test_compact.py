@@ -20,7 +20,7 @@ import wdelta
 from kit import RawTensor, safetensors_bytes, write_sharded
 from test_cli import assert_error, assert_ok, run
 from wdelta import header as header_module
-from wdelta import jsoncost
+from wdelta import inline_blobs, jsoncost
 
 BASE = {"w": RawTensor("F32", (6,), np.arange(6, dtype="<f4").tobytes()),
         "b": RawTensor("I8", (3,), b"\x01\x02\x03")}  # fmt: skip
@@ -67,7 +67,9 @@ def test_canonical_files_are_recorded_as_canonical_with_their_metadata(tmp_path:
     base, target = _pair(tmp_path, _canonical(BASE, meta), _canonical(TARGET, None))
     delta = wdelta.diff(base, target, tmp_path / "d.wdelta")
     doc = _header(delta)
-    assert doc["required_features"] == ["compact-header"]
+    # Blobs of a few bytes go in the header (feature inline-blobs, SPEC §4.12).
+    assert doc["required_features"] == ["inline-blobs", "compact-header"]
+    assert all("i" in c and "h" not in c for e in doc["tensors"] for c in e["c"])
     assert doc["base"]["files"] == [{"path": "b.safetensors", "canonical": True, "metadata": meta}]
     assert doc["target"]["files"] == [{"path": "t.safetensors", "canonical": True}]
     assert all("offset" not in c and c.get("z") != "zstd" for e in doc["tensors"] for c in e["c"])
@@ -104,7 +106,11 @@ def test_an_equal_index_is_same_as_base(tmp_path: Path) -> None:
         assert (tmp_path / "out" / f.name).read_bytes() == f.read_bytes()
 
 
-def test_both_forms_expand_to_the_same_header(tmp_path: Path) -> None:
+def test_both_forms_expand_to_the_same_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compact form alone (no inline blobs, which --compat files do not have)."""
+    monkeypatch.setattr(inline_blobs, "WRITE_MAX_BYTES", 0)
     base, target = _pair(tmp_path, safetensors_bytes(BASE, indent=1), _canonical(TARGET, None))
     small = wdelta.diff(base, target, tmp_path / "c.wdelta")
     v1 = wdelta.diff(base, target, tmp_path / "v1.wdelta", compact=False)
@@ -122,7 +128,8 @@ def test_cli_compat_writes_the_v1_form_and_inspect_shows_both_alike(tmp_path: Pa
     base, target = _pair(tmp_path, _canonical(BASE, None), _canonical(TARGET, None))
     for name, extra in (("c.wdelta", []), ("v1.wdelta", ["--compat"])):
         assert_ok(run("diff", base, target, "-o", tmp_path / name, "-q", *extra))
-    assert _header(tmp_path / "c.wdelta")["required_features"] == ["compact-header"]
+    assert _header(tmp_path / "c.wdelta")["required_features"] == ["inline-blobs",
+                                                                   "compact-header"]
     assert _header(tmp_path / "v1.wdelta")["required_features"] == []
     views = []
     for name in ("c.wdelta", "v1.wdelta"):
@@ -158,10 +165,14 @@ def test_a_compact_header_over_the_parse_budget_is_written_in_the_v1_form(
     target = {"m": RawTensor("BF16", (3000,), changed.tobytes())}
     b, t = _pair(tmp_path, _canonical(base, None), _canonical(target, None))
     assert _header(wdelta.diff(b, t, tmp_path / "c.wdelta", chunk_elements=1))[
-        "required_features"] == ["compact-header"]  # fmt: skip
+        "required_features"] == ["inline-blobs", "compact-header"]  # fmt: skip
     monkeypatch.setattr(jsoncost, "FIXED", 1 << 16)  # 64 KiB: ~10 bytes per header byte
     delta = wdelta.diff(b, t, tmp_path / "v1.wdelta", chunk_elements=1)
-    assert _header(delta)["required_features"] == []
+    # The v1 form, with its one tiny blob still inline (§4.12 applies to both forms).
+    doc = _header(delta)
+    assert doc["required_features"] == ["inline-blobs"]
+    # its 2 bytes: the dense XOR 0x0001 of the changed word, byte plane by byte plane
+    assert [c["inline"] for c in doc["tensors"][0]["chunks"] if "inline" in c] == ["AQA"]
     wdelta.verify(delta)  # and the reader, under the same budget, reads it
 
 

@@ -215,6 +215,18 @@ BROKEN_CASES = {
         [f"{p}/valid/coded/compact" for p in ("reader", "decoder", "reverse")],
         "", ["reader/valid/coded/widths"],
     ),
+    "inline-ignored": (
+        ["*/valid/inline/*", "reader/valid/host"],
+        [f"{p}/valid/inline/{c}" for p in ("reader", "decoder", "reverse")
+         for c in ("host", "compact", "all", "lengths")],
+        "", ["reader/valid/host", "reader/valid/inline/ignored"],
+    ),
+    "inline-in-placement": (
+        ["*/valid/inline/host", "*/invalid/inline-counted-in-placement", "reader/valid/host"],
+        # The file it wrongly accepts then fails its blob checksums: a soft failure there.
+        [f"{p}/valid/inline/host" for p in ("reader", "decoder", "reverse")],
+        "", ["reader/valid/host"],
+    ),
     "lax-remainder-padding": (
         ["*/invalid/coded-remainder-padding", "reader/invalid/rice-remainder-padding-bit",
          "reader/valid/coded/widths"],

@@ -98,7 +98,7 @@ def test_changed_tensors_yields_only_changed_verified(tmp_path: Path) -> None:
         list(wdelta.changed_tensors(wrong, tmp_path / "d.wdelta"))
 
 
-def test_corrupted_blob_is_refused_by_changes(tmp_path: Path) -> None:
+def test_corrupted_blob_is_refused_by_changes(tmp_path: Path, no_inline: None) -> None:
     from test_inplace import _corrupt_last_blob
 
     base = model(0)

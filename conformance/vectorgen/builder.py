@@ -11,6 +11,7 @@ digest that the case is not about.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from . import payload
 from .checkpoints import Checkpoint, TensorData
 
 GENERATOR = "wdelta-conformance/1"
+INLINE_FEATURE = "inline-blobs"
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,19 @@ def new_chunk(plan: ChunkPlan, raw: bytes, changed: int) -> dict[str, Any]:
     return chunk
 
 
+def inline_text(stored: bytes) -> str:
+    """SPEC §4.12: unpadded base64url of a blob's stored bytes."""
+    return base64.urlsafe_b64encode(stored).decode("ascii").rstrip("=")
+
+
+def set_inline(delta: Delta, chunks: list[dict[str, Any]]) -> None:
+    """Carry ``chunks``' blobs in the header (§4.12) and list feature inline-blobs."""
+    for c in chunks:
+        c["_inline"] = True
+    if INLINE_FEATURE not in delta.doc["required_features"]:
+        delta.doc["required_features"].append(INLINE_FEATURE)
+
+
 def set_stored(chunk: dict[str, Any], stored: bytes) -> None:
     """Replace a chunk's stored bytes (length and checksum follow)."""
     chunk["_stored"] = stored
@@ -140,6 +155,10 @@ class Delta:
         """Every chunk object holding a blob, in header order."""
         return [c for t in self.doc["tensors"] for c in t.get("chunks", []) if "_stored" in c]
 
+    def data_chunks(self) -> list[dict[str, Any]]:
+        """The chunks whose blob is in the data section: not marked ``_inline`` (§4.12)."""
+        return [c for c in self.chunks() if not c.get("_inline")]
+
     def tensor(self, name: str, op: str | None = None) -> dict[str, Any]:
         """The tensor entry ``name`` (with ``op`` when a name appears twice)."""
         found: list[dict[str, Any]] = [
@@ -156,6 +175,11 @@ class Delta:
         if self.relayout:
             cursor = 0
             for c in self.chunks():
+                if c.get("_inline"):
+                    for member in ("offset", "length", "checksum"):
+                        c.pop(member, None)
+                    c["inline"] = inline_text(c["_stored"])
+                    continue
                 c["offset"], c["length"] = cursor, len(c["_stored"])
                 c["checksum"] = blake3.blake3(c["_stored"]).hexdigest()
                 cursor += len(c["_stored"])
@@ -163,7 +187,7 @@ class Delta:
             sign_sides(self.doc)
         data = self.data
         if data is None:
-            data = b"".join(c["_stored"] for c in self.chunks())
+            data = b"".join(c["_stored"] for c in self.data_chunks())
         return data + self.extra_data
 
     def freeze(self) -> None:

@@ -20,7 +20,7 @@ FEATURE = "compact-header"
 ENTRY = {"name": "n", "op": "o", "dtype": "d", "shape": "s", "base_digest": "b",
          "target_digest": "t", "chunks": "c"}  # fmt: skip
 CHUNK = {"encoding": "e", "changed": "k", "transform": "x", "codec": "z", "raw_length": "r",
-         "length": "l", "checksum": "h"}  # fmt: skip
+         "length": "l", "checksum": "h", "inline": "i"}  # fmt: skip
 # A side's file records: "canonical", "same" (same_as_base the base file of the same
 # path, else of the same header text) or "text", by path.
 Records = dict[str, str]
@@ -100,8 +100,12 @@ def _side(side: dict[str, Any], base: dict[str, Any] | None, records: Records) -
 
 
 def _implied_codec(c: dict[str, Any], coded: bool) -> str:
-    """C2: without z, none when the delta lists coded-values and l = r, else zstd."""
-    return "none" if coded and c.get("length") == c.get("raw_length") else "zstd"
+    """C2: without z, none when the delta lists coded-values and l = r, else zstd; an
+    inline blob's l is the number of bytes its text encodes (§4.12)."""
+    length = c.get("length")
+    if "inline" in c:
+        length = len(base64.urlsafe_b64decode(c["inline"] + "=" * (-len(c["inline"]) % 4)))
+    return "none" if coded and length == c.get("raw_length") else "zstd"
 
 
 def _chunk(c: dict[str, Any], coded: bool) -> dict[str, Any]:

@@ -111,8 +111,9 @@ def diff(
     """Encode the delta from ``base`` to ``target`` into the file ``out``.
 
     ``compact`` False writes a plain v1 file, for readers that predate features
-    ``compact-header`` and ``coded-values``: the v1 header form instead of the
-    compact one (SPEC §4.11) and values as byte planes (not §7.6.6).
+    ``compact-header``, ``coded-values`` and ``inline-blobs``: the v1 header
+    form instead of the compact one (SPEC §4.11), values as byte planes (not
+    §7.6.6) and every blob in the data section (not §4.12).
 
     ``out`` must not be an input (nor a link to one) and must not exist
     unless ``overwrite`` (BadArgumentError, before anything is read).
@@ -132,6 +133,7 @@ def diff(
         bool(reversible),
         bool(compact),
         coded_values=bool(compact),
+        inline_blobs=bool(compact),
     )
     check_output(path, _paths(base=base, target=target), overwrite=bool(overwrite))
     with _checkpoint(base, "base") as b, _checkpoint(target, "target") as t:

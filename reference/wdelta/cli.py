@@ -238,8 +238,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-reverse", action="store_true",
                    help="allow full chunks and drop removed tensors (not reversible)")  # fmt: skip
     p.add_argument("--compat", action="store_true",
-                   help="write a plain v1 file (v1 header form, byte-plane values), for "
-                        "readers without compact-header and coded-values")  # fmt: skip
+                   help="write a plain v1 file (v1 header form, byte-plane values, no "
+                        "inline blobs), for readers without compact-header, coded-values "
+                        "and inline-blobs")  # fmt: skip
     _add_force(p)
     _add_common(p)
     p.set_defaults(func=_cmd_diff)

@@ -22,7 +22,7 @@ import base64
 import binascii
 from typing import Any
 
-from . import strictjson
+from . import inline_blobs, strictjson
 from .checkpoint.safetensors_header import build_header, parse_header
 from .dtypes import DType
 from .errors import CheckpointInvalidError, HeaderInvalidError
@@ -35,7 +35,7 @@ CODED_VALUES = "coded-values"
 ENTRY_NAMES = {"name": "n", "op": "o", "dtype": "d", "shape": "s", "base_digest": "b",
                "target_digest": "t", "chunks": "c"}  # fmt: skip
 CHUNK_NAMES = {"encoding": "e", "changed": "k", "transform": "x", "codec": "z",
-               "raw_length": "r", "length": "l", "checksum": "h"}  # fmt: skip
+               "raw_length": "r", "length": "l", "checksum": "h", "inline": "i"}  # fmt: skip
 _DIGESTS = ("base_digest", "target_digest")
 # (name, dtype, shape) of the tensors of one side.
 Listing = list[tuple[str, DType, tuple[int, ...]]]
@@ -64,9 +64,12 @@ def hex_digest(text: str) -> str:
         raise HeaderInvalidError(f"digest {text!r} is not base64url") from exc
 
 
-def _default_codec(chunk: dict[str, Any], raw_by_default: bool) -> str:
-    """The codec of a chunk without ``z`` (C2)."""
-    if raw_by_default and chunk.get("length") == chunk.get("raw_length"):
+def _default_codec(chunk: dict[str, Any], raw_by_default: bool, inline: bool) -> str:
+    """The codec of a chunk without ``z`` (C2); ``inline``: the header lists
+    ``inline-blobs``, so that an inline blob's size stands for ``l`` (§4.12)."""
+    text = chunk.get("inline") if inline else None
+    length = inline_blobs.length(text) if isinstance(text, str) else chunk.get("length")
+    if raw_by_default and length == chunk.get("raw_length"):
         return "none"
     return "zstd"
 
@@ -80,8 +83,9 @@ def _long(obj: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
 
 
 def _expand_chunk(
-    raw: dict[str, Any], offset: int, unchanged: dict[str, Any], raw_by_default: bool
-) -> tuple[dict[str, Any], int]:
+    raw: dict[str, Any], offset: int, unchanged: dict[str, Any], raw_by_default: bool,
+    inline: bool,
+) -> tuple[dict[str, Any], int]:  # fmt: skip
     chunk = _long(raw, CHUNK_NAMES)
     if chunk == unchanged:
         # Shared: 24 header bytes each, the densest legal content, must not
@@ -90,15 +94,17 @@ def _expand_chunk(
     if chunk["encoding"] == "unchanged":
         return chunk, offset
     if "codec" not in chunk:
-        chunk["codec"] = _default_codec(chunk, raw_by_default)
+        chunk["codec"] = _default_codec(chunk, raw_by_default, inline)
     if "checksum" in chunk:
         chunk["checksum"] = hex_digest(chunk["checksum"])
+    if inline and "inline" in chunk:
+        return chunk, offset  # in the header, not the data section (§4.12)
     chunk["offset"] = offset
     length = chunk.get("length")
     return chunk, offset + (length if isinstance(length, int) else 0)
 
 
-def expand_tensors(raw: dict[str, Any]) -> dict[str, Any]:
+def expand_tensors(raw: dict[str, Any], inline: bool) -> dict[str, Any]:
     """A schema-valid compact header with v1 tensor entries and hex side digests.
 
     Blob offsets are the running sum of the lengths of the blobs before, in
@@ -106,6 +112,8 @@ def expand_tensors(raw: dict[str, Any]) -> dict[str, Any]:
     Entries are replaced in place, so that the compact and the expanded form
     of the tensor list are never both held whole; every unchanged chunk
     (``changed`` 0, no other member) expands to one shared object.
+    ``inline``: the header lists ``inline-blobs`` (§4.12); its inline chunks
+    take no offset.
     """
     offset = 0
     unchanged = {"encoding": "unchanged", "changed": 0}
@@ -119,7 +127,7 @@ def expand_tensors(raw: dict[str, Any]) -> dict[str, Any]:
         if "chunks" in out:
             chunks = []
             for c in out["chunks"]:
-                chunk, offset = _expand_chunk(c, offset, unchanged, raw_by_default)
+                chunk, offset = _expand_chunk(c, offset, unchanged, raw_by_default, inline)
                 chunks.append(chunk)
             out["chunks"] = chunks
         tensors[i] = out
@@ -199,25 +207,26 @@ def compact_header(doc: dict[str, Any]) -> dict[str, Any]:
     base = _compact_side(doc["base"], None)
     target = _compact_side(doc["target"], doc["base"])
     raw_by_default = CODED_VALUES in features
-    tensors = [_compact_entry(e, raw_by_default) for e in doc["tensors"]]
+    inline = inline_blobs.FEATURE in features
+    tensors = [_compact_entry(e, raw_by_default, inline) for e in doc["tensors"]]
     return {**doc, "required_features": features, "base": base, "target": target,
             "tensors": tensors}  # fmt: skip
 
 
-def _compact_entry(entry: dict[str, Any], raw_by_default: bool) -> dict[str, Any]:
+def _compact_entry(entry: dict[str, Any], raw_by_default: bool, inline: bool) -> dict[str, Any]:
     out = {}
     for long, short in ENTRY_NAMES.items():
         if long in entry:
             value = entry[long]
             out[short] = b64(value) if long in _DIGESTS else value
     if "chunks" in entry:
-        out["c"] = [_compact_chunk(c, raw_by_default) for c in entry["chunks"]]
+        out["c"] = [_compact_chunk(c, raw_by_default, inline) for c in entry["chunks"]]
     return out
 
 
-def _compact_chunk(chunk: dict[str, Any], raw_by_default: bool) -> dict[str, Any]:
+def _compact_chunk(chunk: dict[str, Any], raw_by_default: bool, inline: bool) -> dict[str, Any]:
     out = {}
-    implied = _default_codec(chunk, raw_by_default)
+    implied = _default_codec(chunk, raw_by_default, inline)
     for long, short in CHUNK_NAMES.items():
         if long in chunk and not (long == "codec" and chunk[long] == implied):
             out[short] = b64(chunk[long]) if long == "checksum" else chunk[long]

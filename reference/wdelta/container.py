@@ -101,8 +101,9 @@ class DeltaFile:
         return bytes(buf)
 
     def payload(self, chunk: Chunk) -> bytes:
-        """The decompressed payload of a chunk's blob (checksum and size checked)."""
-        blob = self.read_blob(chunk)
+        """The decompressed payload of a chunk's blob (checksum and size checked; an
+        inline blob is covered by the header digest, checked at open)."""
+        blob = chunk.inline if chunk.inline is not None else self.read_blob(chunk)
         with naming(self.path, WdeltaError):
             return codec.decompress(chunk.codec, blob, chunk.raw_length)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from . import compact, prepend, strictjson
+from . import compact, inline_blobs, prepend, strictjson
 from ._version import __version__
 from .atomic import atomic_file
 from .checkpoint.source import (
@@ -105,6 +105,8 @@ class DiffOptions:
     §4.11); False writes the v1 form, for readers that predate the feature.
     ``coded_values`` lets sparse chunks code their values (feature
     ``coded-values``, SPEC §7.6.6); the feature is listed only if one does.
+    ``inline_blobs`` stores blobs of at most ``inline_blobs.WRITE_MAX_BYTES``
+    in the header (feature ``inline-blobs``, SPEC §4.12), listed only if used.
     """
 
     level: int | None = None
@@ -113,6 +115,7 @@ class DiffOptions:
     reversible: bool = True
     compact: bool = True
     coded_values: bool = True
+    inline_blobs: bool = True
 
     def check(self) -> None:
         if not 1 <= self.chunk_elements <= MAX_CHUNK_ELEMENTS:
@@ -198,10 +201,12 @@ class _BlobWriter:
     to do.  On success call :meth:`finish`; :meth:`close` on every path.
     """
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, inline: bool) -> None:
         self.f = f
         self.offset = 0
         self.coded_values = False  # some blob codes its values (feature coded-values)
+        self.inline = inline  # blobs up to WRITE_MAX_BYTES go in the header
+        self.inlined = False  # some blob did (feature inline-blobs)
         self._handed = 0
         self._sync = BackgroundSync(f.fileno())
 
@@ -209,7 +214,12 @@ class _BlobWriter:
         """The chunk's header fields; its blob (if any, with ``checksum``) is appended."""
         fields = dict(encoded.fields)
         self.coded_values |= encoded.coded
-        if encoded.blob is not None:
+        small = encoded.blob is not None and len(encoded.blob) <= inline_blobs.WRITE_MAX_BYTES
+        if encoded.blob is not None and self.inline and small:
+            del fields["length"]  # the inline text's size (§4.12)
+            fields["inline"] = inline_blobs.encode(encoded.blob)
+            self.inlined = True
+        elif encoded.blob is not None:
             assert checksum is not None
             self.f.write(encoded.blob)
             fields["offset"] = self.offset
@@ -292,15 +302,16 @@ def _side(ckpt: Checkpoint, entries: list[dict[str, Any]], side: str) -> dict[st
 
 def _header_bytes(
     base: Checkpoint, target: Checkpoint, plans: list[_Plan], opts: DiffOptions,
-    coded_values: bool = False,
+    features: list[str],
 ) -> bytes:  # fmt: skip
+    """The padded header text; ``features``: those the blobs use (v1 form names)."""
     entries = [_entry(p) for p in plans]
     reversible = all(
         c["encoding"] != "full" for e in entries if e["op"] == "modified" for c in e["chunks"]
     ) and all("chunks" in e for e in entries if e["op"] == "removed")
     doc = {
         "version": FORMAT_VERSION,
-        "required_features": [values_coding.FEATURE] if coded_values else [],
+        "required_features": features,
         "generator": f"wdelta-py/{__version__}",
         "zstd_level": "auto" if opts.level is None else opts.level,
         "chunk_elements": opts.chunk_elements,
@@ -346,13 +357,15 @@ def diff_checkpoints(
             plan.digests["base_digest"], plan.base_known = base_digests[plan.base.name], True
     with atomic_file(out, overwrite=overwrite) as fd:
         with os.fdopen(os.dup(fd), "wb") as data:
-            blobs = _BlobWriter(data)
+            blobs = _BlobWriter(data, opts.inline_blobs)
             try:
                 _encode_all(plans, opts, blobs, progress)
                 blobs.finish()
             finally:
                 blobs.close()
-        header = _header_bytes(base, target, plans, opts, blobs.coded_values)
+        used = [(values_coding.FEATURE, blobs.coded_values), (inline_blobs.FEATURE, blobs.inlined)]
+        features = [name for name, on in used if on]
+        header = _header_bytes(base, target, plans, opts, features)
         _prepend(fd, header, blobs.offset)
     return out
 

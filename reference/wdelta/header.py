@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from . import compact, schemas, strictjson
+from . import compact, inline_blobs, schemas, strictjson
 from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest
 from .dtypes import DType, lookup
 from .encodings import values as coded_values
@@ -29,7 +29,9 @@ from .errors import (
 from .layout import SideLayout, parse_side_layout
 
 FORMAT_VERSION = 1
-KNOWN_FEATURES: frozenset[str] = frozenset({compact.FEATURE, coded_values.FEATURE})
+KNOWN_FEATURES: frozenset[str] = frozenset(
+    {compact.FEATURE, coded_values.FEATURE, inline_blobs.FEATURE}
+)
 MAX_CHUNK_ELEMENTS = 1 << 26
 MAX_ELEMENTS = 1 << 48
 OPS = ("unchanged", "modified", "added", "removed")
@@ -39,7 +41,12 @@ _OP_RANK = {"removed": 0, "unchanged": 1, "modified": 1, "added": 2}
 
 @dataclass(frozen=True)
 class Chunk:
-    """One chunk of a tensor; blob fields are absent (0/"") when unchanged."""
+    """One chunk of a tensor; blob fields are absent (0/"") when unchanged.
+
+    ``inline`` holds the stored blob of a chunk that carries it in the header
+    (feature ``inline-blobs``, SPEC §4.12): ``length`` is then its size, and
+    ``offset`` and ``checksum`` are unused (the header digest covers it).
+    """
 
     encoding: str
     changed: int
@@ -49,6 +56,7 @@ class Chunk:
     length: int = 0
     raw_length: int = 0
     checksum: str = ""
+    inline: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -135,12 +143,13 @@ def parse_header(data: bytes, data_length: int) -> Header:
             raise UnsupportedFeatureError(f"unknown required features: {', '.join(unknown)}")
     compact_form = compact.is_compact(raw)
     _validate_schema(raw, compact_form)
+    inline = isinstance(features, list) and inline_blobs.FEATURE in features
     if compact_form:
-        raw = compact.expand_tensors(raw)
+        raw = compact.expand_tensors(raw, inline)
     chunk_elements = raw["chunk_elements"]
     if chunk_elements > MAX_CHUNK_ELEMENTS:
         raise LimitExceededError(f"chunk_elements {chunk_elements} exceeds {MAX_CHUNK_ELEMENTS}")
-    tensors = tuple(_parse_tensor(t, chunk_elements) for t in raw["tensors"])
+    tensors = tuple(_parse_tensor(t, chunk_elements, inline) for t in raw["tensors"])
     _check_order(tensors)
     _check_blobs(tensors, data_length)
     reversible = all(_tensor_reversible(t) for t in tensors)
@@ -218,7 +227,7 @@ def _check_blobs(tensors: tuple[TensorEntry, ...], data_length: int) -> None:
     cursor = 0
     for t in tensors:
         for i, c in enumerate(t.chunks):
-            if c.encoding == "unchanged":
+            if c.encoding == "unchanged" or c.inline is not None:
                 continue
             if c.offset != cursor:
                 raise HeaderInvalidError(
@@ -230,7 +239,8 @@ def _check_blobs(tensors: tuple[TensorEntry, ...], data_length: int) -> None:
         raise HeaderInvalidError(f"blobs cover {cursor} bytes, data section has {data_length}")
 
 
-def _parse_tensor(raw: dict[str, Any], chunk_elements: int) -> TensorEntry:
+def _parse_tensor(raw: dict[str, Any], chunk_elements: int, inline: bool) -> TensorEntry:
+    """``inline``: the header lists feature ``inline-blobs``."""
     name, op = raw["name"], raw["op"]
     if op not in OPS:
         raise UnsupportedFeatureError(f"tensor {name!r}: unknown op {op!r}")
@@ -238,7 +248,7 @@ def _parse_tensor(raw: dict[str, Any], chunk_elements: int) -> TensorEntry:
     shape = tuple(raw["shape"])
     entry = TensorEntry(
         name, op, dtype, shape, raw.get("base_digest"), raw.get("target_digest"),
-        tuple(_parse_chunk(c) for c in raw.get("chunks", ())),
+        tuple(_parse_chunk(c, inline) for c in raw.get("chunks", ())),
     )  # fmt: skip
     if entry.elements > MAX_ELEMENTS or any(dim > MAX_ELEMENTS for dim in shape):
         raise LimitExceededError(
@@ -275,13 +285,17 @@ def _check_digests(entry: TensorEntry, raw: dict[str, Any]) -> None:
         raise HeaderInvalidError(f"tensor {entry.name!r}: modified but nothing changes")
 
 
-def _parse_chunk(raw: dict[str, Any]) -> Chunk:
+def _parse_chunk(raw: dict[str, Any], inline_feature: bool) -> Chunk:
     encoding = raw["encoding"]
     if encoding not in ENCODINGS:
         raise UnsupportedFeatureError(f"unknown encoding {encoding!r}")
     if encoding == "unchanged":
         return Chunk("unchanged", raw["changed"])
-    missing = {"codec", "offset", "length", "raw_length", "checksum"} - set(raw)
+    # Without the feature, "inline" is an ignored member (§4.12): the blob
+    # members are then required as in any v1 file.
+    inline = raw.get("inline") if inline_feature else None
+    blob = {"offset", "length", "checksum"} if inline is None else set()
+    missing = ({"codec", "raw_length"} | blob) - set(raw)
     if encoding in ("sparse", "dense"):
         missing |= {"transform"} - set(raw)
     if missing:
@@ -291,6 +305,12 @@ def _parse_chunk(raw: dict[str, Any]) -> Chunk:
         raise UnsupportedFeatureError(f"unknown transform {transform!r}")
     if raw["codec"] not in CODECS:
         raise UnsupportedFeatureError(f"unknown codec {raw['codec']!r}")
+    if inline is not None:
+        stored = inline_blobs.decode(inline)
+        return Chunk(
+            encoding, raw["changed"], transform, raw["codec"], 0, len(stored), raw["raw_length"],
+            inline=stored,
+        )  # fmt: skip
     return Chunk(
         encoding, raw["changed"], transform, raw["codec"], raw["offset"], raw["length"],
         raw["raw_length"], raw["checksum"],

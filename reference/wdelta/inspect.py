@@ -75,7 +75,7 @@ def summarize(delta: DeltaFile) -> DeltaSummary:
     return DeltaSummary(
         1, str(h.raw.get("generator", "")), h.reversible, h.chunk_elements,
         h.raw["base"]["digest"], h.raw["target"]["digest"], file_bytes, target_bytes,
-        delta.data_length, file_bytes / target_bytes if target_bytes else 0.0,
+        sum(t.stored_bytes for t in tensors), file_bytes / target_bytes if target_bytes else 0.0,
         dict(Counter(t.op for t in h.tensors)), tensors,
         [str(f) for f in h.raw.get("required_features") or []],
     )  # fmt: skip

@@ -92,7 +92,7 @@ def _pattern_keyword(
         yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
-_SCALAR_KEYWORDS = frozenset({"type", "minimum", "pattern"})
+_SCALAR_KEYWORDS = frozenset({"type", "minimum", "pattern", "description"})
 _TYPES: dict[str, Callable[[Any], bool]] = {
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "string": lambda v: isinstance(v, str),
@@ -146,6 +146,8 @@ class _Array:
 class _Object:
     required: tuple[str, ...]
     fields: tuple[tuple[str, _Check], ...]
+    # (member, a check of the whole object that applies when the member is present)
+    dependent: tuple[tuple[str, _Check], ...] = ()
 
     def errors(self, value: Any) -> Violation | None:
         if not isinstance(value, dict):
@@ -158,6 +160,11 @@ class _Object:
                 found = check.errors(value[key])
                 if found is not None:
                     return _under(key, found)
+        for key, check in self.dependent:
+            if key in value:
+                found = check.errors(value)
+                if found is not None:
+                    return found[0], f"with {key!r}: {found[1]}"
         return None
 
 
@@ -185,9 +192,13 @@ def _compile(root: dict[str, Any], sub: dict[str, Any] | bool) -> _Check:
         raise ValueError(f"subschema {sub!r} is not implemented by the compiled checker")
     sub = _resolve(root, dict(sub))
     kind = sub.get("type")
-    if kind == "object" and set(sub) <= {"type", "required", "properties"}:
+    if kind == "object" and set(sub) <= {"type", "required", "properties", "dependentSchemas"}:
         fields = tuple((k, _compile(root, v)) for k, v in sub.get("properties", {}).items())
-        return _Object(tuple(sub.get("required", ())), fields)
+        dependent = tuple(
+            (k, _compile(root, {"type": "object", **v}))
+            for k, v in sub.get("dependentSchemas", {}).items()
+        )
+        return _Object(tuple(sub.get("required", ())), fields, dependent)
     if kind == "array" and set(sub) == {"type", "items"}:
         return _Array(_compile(root, sub["items"]))
     if kind in _TYPES and set(sub) <= _SCALAR_KEYWORDS:
@@ -204,8 +215,9 @@ class CompiledChecker:
     spends 0.1-0.3 ms on each, minutes in all; this checker applies the same
     subschema, read from the schema file, at memory speed.  It implements
     ``type`` (object, array, integer, string), ``required``, ``properties``,
-    ``items``, ``minimum``, ``pattern``, local ``$ref`` and the ``false``
-    schema (a member that must be absent), and refuses to
+    ``dependentSchemas``, ``items``, ``minimum``, ``pattern``, local ``$ref``,
+    the ``false`` schema (a member that must be absent) and the ``description``
+    annotation, and refuses to
     compile a subschema using any other keyword, so the schema and this check
     cannot drift apart.
     """

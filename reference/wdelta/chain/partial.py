@@ -80,6 +80,8 @@ class Blobs:
 
     def get(self, chunk: Chunk) -> bytes:
         """The decompressed payload of ``chunk`` (checksum checked)."""
+        if chunk.inline is not None:  # in the header, which its digest covered
+            return codec.decompress(chunk.codec, chunk.inline, chunk.raw_length)
         return self.check(chunk, self.raw(chunk))
 
     def raw(self, chunk: Chunk) -> bytes:
@@ -147,7 +149,7 @@ def apply_partial(
         {VERSION_KEY: digest, TENSORS_KEY: pattern},
     )
     offsets = {t.name: layout.data_start + t.begin for t in layout.tensors}
-    chunks = [c for s in outputs for c in s.entry.chunks if c.encoding != "unchanged"]
+    chunks = [c for s in outputs for c in s.entry.chunks if c.length and c.inline is None]
     blobs = Blobs(storage, link.key, data_start, chunks, progress)
     with open_checkpoint(src) as ckpt:
         have = {t.name: (t.dtype, t.shape) for t in ckpt.tensors.values()}

@@ -33,13 +33,18 @@ class RemoteDelta:
         header, data_start = read_remote_header(storage, link, progress)
         check_link_header(m, link, header)
         self.header: Header = header
-        chunks = [c for t in header.tensors if keep(t.name) for c in t.chunks if c.length]
+        chunks = [
+            c for t in header.tensors if keep(t.name) for c in t.chunks
+            if c.length and c.inline is None
+        ]  # fmt: skip
         chunks.sort(key=lambda c: c.offset)
         self._blobs = Blobs(storage, link.key, data_start, chunks, progress)
         self._lock = threading.Lock()
 
     def payload(self, chunk: Chunk) -> bytes:
         """The decompressed payload of a chunk's blob (checksum checked)."""
+        if chunk.inline is not None:
+            return self._blobs.get(chunk)
         with self._lock:  # one window for all threads; checks and decompression run outside
             blob = self._blobs.raw(chunk)
         return self._blobs.check(chunk, blob)

@@ -26,7 +26,7 @@ from ..layout import SideLayout
 PAGE = 4096
 # Members a writer MUST NOT write, by encoding (SPEC §4.6, "ignored").
 IGNORED = {
-    "unchanged": ("transform", "codec", "offset", "length", "raw_length", "checksum"),
+    "unchanged": ("transform", "codec", "offset", "length", "raw_length", "checksum", "inline"),
     "full": ("transform",),
     "sparse": (),
     "dense": (),
