@@ -199,3 +199,14 @@ def test_the_header_digest_covers_inline_blobs(tmp_path: Path) -> None:
     (n,) = struct.unpack_from("<Q", prefix, 16)
     header = (tmp_path / "d.wdelta").read_bytes()[64 : 64 + n]
     assert b'"i":"' in header and blake3.blake3(header).digest() == prefix[24:56]
+
+
+def test_verify_progress_counts_the_data_section_only(tmp_path: Path) -> None:
+    """verify's progress total is D (the CLI bar's): inline blobs add nothing to it."""
+    base, target = _pair(tmp_path, {"a": 8, "b": 40})
+    delta = wdelta.diff(base, target, tmp_path / "d.wdelta")
+    seen: list[int] = []
+    wdelta.verify(delta, progress=seen.append)
+    with wdelta.open_delta(delta) as d:
+        assert any(c.inline for t in d.header.tensors for c in t.chunks)
+        assert sum(seen) == d.data_length == 160
