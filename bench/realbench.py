@@ -31,7 +31,7 @@ import traceconfig
 from headerpairs import header_json_bytes
 
 import wdelta
-from wdelta import synthetic
+from wdelta import inline_blobs, synthetic
 
 Row = dict[str, Any]
 REFERENCE = realreport.REFERENCE
@@ -54,13 +54,16 @@ def _delta_parts(delta: Path) -> dict[str, Any]:
     """Header (with prefix and padding; and its JSON text alone) and blob bytes, tensor
     count and scale-tensor blob bytes of a delta.  ``data_bytes`` counts every stored blob,
     the data section's and the inline ones of SPEC §4.12 (their bytes, not their base64
-    text): the data-section target measures coding, not where a blob is kept."""
+    text): the data-section target measures coding, not where a blob is kept.
+    ``inline_text_bytes`` is that base64 text, which the header JSON holds."""
     with wdelta.open_delta(delta) as d:
         scale = sum(c.length for t in d.header.tensors if t.name.endswith("_scale_inv")
                     for c in t.chunks)  # fmt: skip
-        inline = sum(c.length for t in d.header.tensors for c in t.chunks if c.inline)
+        inline = [c.inline for t in d.header.tensors for c in t.chunks if c.inline]
+        stored = sum(len(b) for b in inline)
         return {"header_bytes": d.data_start, "header_json_bytes": header_json_bytes(delta),
-                "data_bytes": d.data_length + inline, "inline_bytes": inline,
+                "inline_text_bytes": sum(len(inline_blobs.encode(b)) for b in inline),
+                "data_bytes": d.data_length + stored, "inline_bytes": stored,
                 "tensors": len(d.header.tensors), "scale_bytes": scale,
                 "chunk_elements": d.header.chunk_elements,
                 "compaction": headersize.compaction(d.header.raw)}  # fmt: skip
