@@ -96,7 +96,7 @@ def test_refused_direct_writes_fall_back(tmp_path: Path, monkeypatch: pytest.Mon
     path = tmp_path / "f.bin"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     os.ftruncate(fd, SIZE)
-    out = OutputFile(fd)
+    out = OutputFile(fd, direct=True)
     data = np.arange(SIZE, dtype=np.uint8)
     for offset, length in pieces:
         out.write(memoryview(data[offset : offset + length]), offset)
@@ -206,20 +206,45 @@ def test_a_signal_while_the_flush_thread_starts_leaves_it_joinable(
         os.close(fd)
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_small_writes_beside_direct_ones_are_not_handed_to_writeback(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+@pytest.mark.parametrize("mode", ["direct", "plain", "direct-unavailable"])
+def test_only_a_large_file_without_direct_io_hands_each_write_to_writeback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    """Only buffered-only output hands each write to writeback; with direct writes
-    on, small writes wait for the background flush (bytes land either way)."""
+    """A file meant for O_DIRECT on a file system without it hands each write to
+    writeback; with direct writes on, small writes beside them, and the plain writes
+    of a small file, wait for the background flush (bytes land either way)."""
     handed: list[tuple[int, int]] = []
     monkeypatch.setattr(output_file, "start_writeback", lambda fd, o, n: handed.append((o, n)))
+    if mode == "direct-unavailable":
+        monkeypatch.setattr(output_file, "_open_direct", lambda fd: None)
     pieces = [(0, 100), (ALIGN, output_file.DIRECT_MIN_BYTES - 1)]
-    expected, used = _write_all(tmp_path / "f.bin", pieces, direct)
-    if direct and not used:
+    expected, used = _write_all(tmp_path / "f.bin", pieces, mode != "plain")
+    if mode == "direct" and not used:
         pytest.skip("no O_DIRECT on this file system")
     assert (tmp_path / "f.bin").read_bytes() == expected
-    assert handed == ([] if used else pieces)
+    assert handed == (pieces if mode == "direct-unavailable" else [])
+
+
+def test_the_default_goes_direct_from_the_file_size_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """direct=None: a file below BUFFERED_FILE_BYTES is written through the page cache
+    (no direct descriptor is even opened), one of that size or more as direct=True."""
+    opened: list[int] = []
+    real_open = output_file._open_direct
+    monkeypatch.setattr(output_file, "_open_direct", lambda fd: opened.append(fd) or real_open(fd))
+    monkeypatch.setattr(output_file, "BUFFERED_FILE_BYTES", SIZE)
+    for size, expect_open in ((SIZE - 1, False), (SIZE, True)):
+        fd = os.open(tmp_path / f"f{size}.bin", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            out = OutputFile(fd)
+            assert bool(opened) == expect_open
+            out.write(memoryview(bytes(range(256)) * 4), 0)
+            out.close()
+        finally:
+            os.close(fd)
+        assert (tmp_path / f"f{size}.bin").read_bytes()[:1024] == bytes(range(256)) * 4
 
 
 @pytest.mark.parametrize("shift", [0, 1, 8, ALIGN // 2])
@@ -237,7 +262,7 @@ def test_data_aligned_in_memory_is_written_without_the_staging_copy(
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         os.ftruncate(fd, n)
-        out = OutputFile(fd)
+        out = OutputFile(fd, direct=True)
         if not out.direct:
             pytest.skip("no O_DIRECT on this file system")
         out.write(memoryview(data), 0)
