@@ -42,6 +42,14 @@ _TENSOR = {
 }  # fmt: skip
 
 
+# An inline chunk (SPEC §4.12): mutations drop it, add blob members beside it
+# (dependentSchemas) or break its text, in both forms.
+_INLINE_CHUNK = {"encoding": "dense", "changed": 2, "transform": "xor", "codec": "none",
+                 "raw_length": 3, "inline": "AAEC", "offset": 0}  # fmt: skip
+_COMPACT_CHUNK = {"e": "dense", "k": 2, "x": "xor", "z": "none", "r": 3, "i": "AAEC",
+                  "l": 3, "h": "A" * 43}  # fmt: skip
+
+
 def _agree(definition: str, value: Any) -> None:
     found = schemas.compiled_checker("delta-header", definition).errors(value)
     reference = schemas.validator("delta-header", definition)
@@ -62,6 +70,36 @@ def test_chunk_check_agrees_with_jsonschema(value: Any) -> None:
 ))  # fmt: skip
 def test_tensor_check_agrees_with_jsonschema(value: Any) -> None:
     _agree("tensor", value)
+
+
+@settings(max_examples=300)
+@given(_near_valid(_INLINE_CHUNK))
+def test_inline_chunk_check_agrees_with_jsonschema(value: Any) -> None:
+    _agree("chunk", value)
+
+
+@settings(max_examples=300)
+@given(_near_valid(_COMPACT_CHUNK))
+def test_compact_chunk_check_agrees_with_jsonschema(value: Any) -> None:
+    _agree("compact_chunk", value)
+
+
+@pytest.mark.parametrize("path", sorted(schemas.schema_dir().glob("*.schema.json")),
+                         ids=lambda p: p.name)  # fmt: skip
+def test_every_schema_is_valid_against_its_metaschema(path: Any) -> None:
+    """The validators do not check the schemas at run time (50 ms per process): this does."""
+    import jsonschema
+
+    schema = schemas.load(path.name.removesuffix(".schema.json"))
+    jsonschema.validators.validator_for(schema).check_schema(schema)
+
+
+def test_a_broken_schema_fails_the_metaschema_check() -> None:
+    import jsonschema
+
+    broken = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": 5}
+    with pytest.raises(jsonschema.SchemaError):
+        jsonschema.validators.validator_for(broken).check_schema(broken)
 
 
 def test_violation_names_the_path() -> None:
