@@ -294,10 +294,19 @@ def test_large_payload_codes_values_with_one_or_two_compressions(
 ) -> None:
     """A large payload whose estimate clears SURE_GAIN is compressed once, coded; with
     the bar out of reach (2.0) the v1 form is compressed first and the coded one kept
-    for being smaller.  Either way the chunk decodes to the target."""
+    for being smaller.  Either way the values are costed once (the histogram and
+    estimates serve both attempts) and the chunk decodes to the target."""
     base, target = _large_skewed_chunk(3)
     calls: list[int] = []
     compress = codec.compress
+    costed: list[int] = []
+    costs = values.costs
+
+    def counted_costs(v: np.ndarray) -> values.Costs | None:
+        costed.append(len(v))
+        return costs(v)
+
+    monkeypatch.setattr(values, "costs", counted_costs)
 
     def counted(raw: bytes | memoryview, *args: object) -> tuple[str, bytes | memoryview]:
         calls.append(len(raw))
@@ -308,6 +317,7 @@ def test_large_payload_codes_values_with_one_or_two_compressions(
     found = chunk.encode_modified(base, target, None, False, coded=True)
     assert found.coded and found.fields["encoding"] == "sparse"
     assert len(calls) == (1 if sure_gain < 1 else 2)
+    assert len(costed) == 1
     fields = found.fields
     raw = codec.decompress(fields["codec"], bytes(found.blob or b""), fields["raw_length"])
     out = chunk.decode("sparse", fields["transform"], raw, base.copy(), len(base), base.dtype,

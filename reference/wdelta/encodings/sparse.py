@@ -11,6 +11,7 @@ then the bitmap, or ULEB128 U and the Rice streams; then the coded values
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..errors import EncodingInvalidError
 from . import leb128, planes, positions, values
+from .values import Costs
 
 BITMAP, RICE = 0, 1
 VALUE_PLANES, VALUE_CODED = 0, 1
@@ -98,6 +100,12 @@ class Parts:
         remainders = [len(head) + self.unary_len] if self.coding == RICE else []
         return buf.data, remainders + [start + j * count for j in range(size)]
 
+    @functools.cached_property
+    def value_costs(self) -> Costs | None:
+        """The values' histogram and estimates, computed once for every :meth:`coded`
+        call: the encoder may cost a large payload before and after compressing it."""
+        return values.costs(self.values)
+
     def coded(
         self, m: int, stored: int | None, min_gain: float = 0.0
     ) -> tuple[bytes, list[int]] | None:
@@ -107,14 +115,16 @@ class Parts:
         its part past the positions, which are counted raw, is taken as the
         values' cost.  None: not compressed; the values' cost is then estimated
         from their histogram, and they are coded only if that saves ``min_gain``
-        of it (see :func:`values.encode`)."""
+        of it (see :func:`values.choose`)."""
         count, size = len(self.values), self.values.dtype.itemsize
         streams_at = _HEAD.size + (8 if self.coding == RICE else 0)
         values_start = streams_at + len(self.streams)  # in the v1 payload
         planes_bytes = count * size if stored is None else max(0, stored - values_start)
         if planes_bytes < CODED_MIN_BYTES:
             return None
-        found = values.encode(self.values, None if stored is None else planes_bytes, min_gain)
+        costs = self.value_costs
+        known = None if stored is None else planes_bytes
+        found = None if costs is None else values.choose(costs, known, min_gain)
         if found is None or values_start + len(found.data) > max_raw_length(m, size):
             return None
         head = bytes([self.coding, self.k, VALUE_CODED])

@@ -166,9 +166,46 @@ class Coded:
     sections: list[int]
 
 
+@dataclass(frozen=True)
+class Costs:
+    """What :func:`encode` needs from a set of values, computed once: the distinct
+    words by decreasing count (of a sample, scaled), and per number of split
+    levels L = 0 .. ``len(plane) - 1`` the estimated bytes of the values left as
+    byte planes and as final Rice, of L and the final coding, and the values the
+    levels scan.  Costing a payload twice (before and after its v1 form is
+    compressed) reuses them."""
+
+    values: Words
+    words: np.ndarray[Any, Any]
+    plane: np.ndarray[Any, Any]
+    rice: np.ndarray[Any, Any]
+    spent: np.ndarray[Any, Any]
+    scanned: np.ndarray[Any, Any]
+
+
+def costs(values: Words) -> Costs | None:
+    """The :class:`Costs` of ``values``; None for no values."""
+    words, counts = _ranked(values)
+    if not len(words):
+        return None
+    size = values.dtype.itemsize
+    most = min(MAX_LEVELS, len(words))
+    plane, rice = _suffix_estimates(words, counts, size, most)
+    # L and final-coding bytes, then the levels.
+    spent = np.concatenate(([2.0], 2 + np.cumsum(_level_estimates(counts, size, most))))
+    return Costs(values, words, plane, rice, spent, LEVEL_SCAN_BYTES * _scanned(counts, most))
+
+
 def encode(values: Words, planes_bytes: int | None = None, min_gain: float = 0.0) -> Coded | None:
     """The coded section of ``values`` if its estimated size is below the byte planes'
-    by more than ``min_gain`` of theirs (a share, 0 <= min_gain < 1).
+    by more than ``min_gain`` of theirs (a share, 0 <= min_gain < 1); see :func:`choose`."""
+    found = costs(values)
+    return None if found is None else choose(found, planes_bytes, min_gain)
+
+
+def choose(found: Costs, planes_bytes: int | None = None, min_gain: float = 0.0) -> Coded | None:
+    """The coded section of ``found.values`` if its estimated size is below the byte
+    planes' by more than ``min_gain`` of theirs.
 
     Every number of levels is costed from the histogram first (the levels'
     Rice streams by :func:`_level_estimates`, the values left by
@@ -181,12 +218,7 @@ def encode(values: Words, planes_bytes: int | None = None, min_gain: float = 0.0
     without the feature read.  The levels are built only once the estimates
     say they pay, so a None costs a histogram, not a pass over the values.
     """
-    words, counts = _ranked(values)
-    if not len(words):
-        return None
-    size = values.dtype.itemsize
-    most = min(MAX_LEVELS, len(words))
-    plane, rice = _suffix_estimates(words, counts, size, most)
+    plane, rice = found.plane, found.rice
     v1 = float(plane[0])
     if planes_bytes is not None and v1:
         # planes_bytes can also be below the estimate: the caller counts the
@@ -194,15 +226,13 @@ def encode(values: Words, planes_bytes: int | None = None, min_gain: float = 0.0
         plane = np.ceil(plane * max(1.0, planes_bytes / v1))
         v1 = float(plane[0])
     finals = np.where(rice < plane, RICE, PLANES)
-    # Total for L levels: L and final-coding bytes, the levels, the values left.
-    spent = np.concatenate(([2.0], 2 + np.cumsum(_level_estimates(counts, size, most))))
-    totals = spent + np.minimum(plane, rice)
-    best = int(np.argmin(totals + LEVEL_SCAN_BYTES * _scanned(counts, most)))
+    totals = found.spent + np.minimum(plane, rice)
+    best = int(np.argmin(totals + found.scanned))
     if best == 0 and (finals[0] == PLANES or totals[0] >= v1):
         return None
     if totals[best] >= v1 * (1 - min_gain):
         return None
-    return _build(values, words, best, int(finals[best]))
+    return _build(found.values, found.words, best, int(finals[best]))
 
 
 # What a level's pass over the values still open is worth in bytes, per value:
