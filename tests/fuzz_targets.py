@@ -33,15 +33,20 @@ def _tensors(changed: bool) -> dict[str, RawTensor]:
     rng = np.random.default_rng(5)
     sparse = rng.integers(0, 2**32, 300, dtype=np.uint32)
     dense = rng.integers(0, 256, 64, dtype=np.uint8)
+    # Random new words at 150 of 600 places: a blob of ~700 bytes in the data section,
+    # where the others (at most 128 bytes) are inline in the header (SPEC §4.12).
+    wide = rng.integers(0, 2**32, 600, dtype=np.uint32)
     out = {"same": RawTensor("F16", (3,), bytes(range(6))), "empty": RawTensor("F32", (0,), b"")}
     if changed:
         sparse[[3, 70, 200]] ^= 0x10001
         dense ^= rng.integers(1, 256, 64, dtype=np.uint8)
+        wide[rng.choice(600, 150, replace=False)] ^= rng.integers(1, 2**32, 150, dtype=np.uint32)
         out["new"] = RawTensor("BF16", (4,), bytes(8))
     else:
         out["gone"] = RawTensor("I32", (2,), bytes(range(8)))
     out["sparse"] = RawTensor("F32", (300,), sparse.tobytes())
     out["dense"] = RawTensor("U8", (64,), dense.tobytes())
+    out["wide"] = RawTensor("F32", (600,), wide.tobytes())
     return out
 
 
