@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -63,7 +64,9 @@ def _tensors(seed: int) -> dict[str, RawTensor]:
     rng = np.random.default_rng(seed)
     big = random_words(np.random.default_rng(0), 2, 3000)
     if seed:
-        big[rng.choice(3000, 40, replace=False)] ^= np.uint16(seed)
+        # Random new words at 400 places: blobs of ~200 bytes per 512-element chunk,
+        # in the data section (blobs of <= 128 bytes are inline, SPEC §4.12).
+        big[rng.choice(3000, 400, replace=False)] ^= rng.integers(1, 2**16, 400, dtype=np.uint16)
     out = {
         "model.embed": RawTensor("BF16", (30, 100), big.tobytes()),
         "model.norm": RawTensor("F32", (16,), random_words(rng, 4, 16).tobytes()),
@@ -185,7 +188,7 @@ def test_inspect_text_and_json(files: Files) -> None:
     assert summary["file_bytes"] == files.delta.stat().st_size
     assert summary["ops"] == {"modified": 2, "removed": 1, "added": 1, "unchanged": 1}
     embed = next(t for t in summary["tensors"] if t["name"] == "model.embed")
-    assert embed["op"] == "modified" and embed["changed"] == 40
+    assert embed["op"] == "modified" and embed["changed"] == 400
     assert embed["raw_bytes"] == 6000 and embed["elements"] == 3000
 
 
@@ -216,6 +219,8 @@ def test_version_and_help() -> None:
 def _corrupt(files: Files, tmp: Path, kind: str) -> Path:
     data = bytearray(files.delta.read_bytes())
     if kind == "blob":
+        # The last byte of the last blob of the data section (not an inline blob).
+        assert struct.unpack_from("<Q", data, 56)[0] > 0, "the fixture's delta needs a data section"
         data[-1] ^= 0x01
     elif kind == "truncated":
         data = data[:-1]

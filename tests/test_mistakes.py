@@ -34,7 +34,10 @@ INDEX = json.dumps({"metadata": {}, "weight_map": {"w": "model-1.safetensors"}})
 
 def _tensors(step: int) -> dict[str, RawTensor]:
     w = np.arange(4096, dtype=np.uint16)
-    w[::97] ^= np.uint16(step)
+    if step:
+        # Random words at every 7th element: a blob of ~1 KB in the data section, where
+        # the "blob" corruption below lands (blobs of <= 128 bytes are inline, SPEC §4.12).
+        w[::7] ^= np.random.default_rng(step).integers(1, 2**16, len(w[::7]), dtype=np.uint16)
     out = {"w": RawTensor("BF16", (64, 64), w.tobytes()), "b": RawTensor("U8", (3,), b"abc")}
     if step:
         out["added"] = RawTensor("F32", (2,), bytes(8))
@@ -157,6 +160,8 @@ def _corrupt(delta: Path, tmp: Path, kind: str) -> Path:
     elif kind == "version":
         data[8:12] = struct.pack("<I", 2)
     else:
+        # The last byte of the last blob of the data section (not an inline blob).
+        assert struct.unpack_from("<Q", data, 56)[0] > 0, "the fixture's delta needs a data section"
         data[-1] ^= 0x01
     out = tmp / f"bad-{kind}.wdelta"
     out.write_bytes(bytes(data))
