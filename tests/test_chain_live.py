@@ -304,6 +304,8 @@ def test_partial_follow_reads_only_its_blobs(
     with wdelta.open_delta(stored) as d:
         blob = {t.name: t.chunks[-1] for t in d.header.tensors}
         at = {n: d.data_start + c.offset + c.length // 2 for n, c in blob.items()}
+        corrupted = ("model.layers.0.mlp.up_proj.weight", "model.embed_tokens.weight")
+        assert all(blob[n].inline is None for n in corrupted)  # blobs of the data section
     errors: list[str] = []
 
     def corrupt(name: str) -> None:
