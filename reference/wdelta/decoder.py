@@ -359,7 +359,7 @@ def _check_chunk(delta: DeltaFile, entry: TensorEntry, chunk: Chunk, m: int) -> 
         if len(pos) != chunk.changed:
             raise EncodingInvalidError(f"tensor {entry.name!r}: sparse count != changed")
     # Progress counts data-section bytes (its total is D); inline blobs came with the header.
-    return chunk.length if chunk.inline is None else 0
+    return chunk.length if chunk.in_data else 0
 
 
 def check_blobs(delta: DeltaFile, threads: int, progress: Progress | None) -> None:

@@ -58,6 +58,11 @@ class Chunk:
     checksum: str = ""
     inline: bytes | None = None
 
+    @property
+    def in_data(self) -> bool:
+        """Whether the chunk's blob is in the data section (§4.7): it has one, not inline."""
+        return self.encoding != "unchanged" and self.inline is None
+
 
 @dataclass(frozen=True)
 class TensorEntry:
@@ -227,7 +232,7 @@ def _check_blobs(tensors: tuple[TensorEntry, ...], data_length: int) -> None:
     cursor = 0
     for t in tensors:
         for i, c in enumerate(t.chunks):
-            if c.encoding == "unchanged" or c.inline is not None:
+            if not c.in_data:
                 continue
             if c.offset != cursor:
                 raise HeaderInvalidError(

@@ -149,7 +149,7 @@ def apply_partial(
         {VERSION_KEY: digest, TENSORS_KEY: pattern},
     )
     offsets = {t.name: layout.data_start + t.begin for t in layout.tensors}
-    chunks = [c for s in outputs for c in s.entry.chunks if c.length and c.inline is None]
+    chunks = [c for s in outputs for c in s.entry.chunks if c.in_data]
     blobs = Blobs(storage, link.key, data_start, chunks, progress)
     with open_checkpoint(src) as ckpt:
         have = {t.name: (t.dtype, t.shape) for t in ckpt.tensors.values()}

@@ -33,10 +33,7 @@ class RemoteDelta:
         header, data_start = read_remote_header(storage, link, progress)
         check_link_header(m, link, header)
         self.header: Header = header
-        chunks = [
-            c for t in header.tensors if keep(t.name) for c in t.chunks
-            if c.length and c.inline is None
-        ]  # fmt: skip
+        chunks = [c for t in header.tensors if keep(t.name) for c in t.chunks if c.in_data]
         chunks.sort(key=lambda c: c.offset)
         self._blobs = Blobs(storage, link.key, data_start, chunks, progress)
         self._lock = threading.Lock()
