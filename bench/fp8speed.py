@@ -35,6 +35,7 @@ import realtrace
 import traceconfig
 
 import wdelta
+from wdelta.inspect import summarize
 
 Times = tuple[float, float]  # (wall, cpu) seconds
 
@@ -94,7 +95,7 @@ def measure(base: Path, target: Path, work: Path, args: argparse.Namespace) -> s
     delta = work / "pair.wdelta"
     wdelta.diff(base, target, delta, threads=args.threads, overwrite=True)
     with wdelta.open_delta(delta) as d:  # every blob: the data section's and inline ones
-        data = d.data_length + sum(c.length for t in d.header.tensors for c in t.chunks if c.inline)
+        data = summarize(d).stored_bytes
     b = bound.information_bound(base, target, d.header.chunk_elements)
     (we, wc), (wd, wdc) = _best(ours["enc"]), _best(ours["dec"])
     (ze, zc), (zd, zdc) = _best(ref["enc"]), _best(ref["dec"])

@@ -25,6 +25,7 @@ from bound import Bound, chunk_bound, information_bound
 import wdelta
 from wdelta import open_checkpoint
 from wdelta.encoder import DiffOptions, diff_checkpoints
+from wdelta.inspect import summarize
 
 
 def tensor_bound(base: Path, target: Path, chunk_elements: int, suffix: str) -> float:
@@ -46,8 +47,7 @@ def _stored(delta: Path, suffix: str) -> tuple[int, int]:
     tensors named ``*suffix``)."""
     with wdelta.open_delta(delta) as d:
         part = sum(c.length for t in d.header.tensors if t.name.endswith(suffix) for c in t.chunks)
-        inline = sum(c.length for t in d.header.tensors for c in t.chunks if c.inline)
-        return d.data_length + inline, part
+        return summarize(d).stored_bytes, part
 
 
 def _timed(fn: Callable[..., object], rounds: list[float], *args: object, **kw: object) -> None:

@@ -102,9 +102,7 @@ def _side(side: dict[str, Any], base: dict[str, Any] | None, records: Records) -
 def _implied_codec(c: dict[str, Any], coded: bool) -> str:
     """C2: without z, none when the delta lists coded-values and l = r, else zstd; an
     inline blob's l is the number of bytes its text encodes (§4.12)."""
-    length = c.get("length")
-    if "inline" in c:
-        length = len(base64.urlsafe_b64decode(c["inline"] + "=" * (-len(c["inline"]) % 4)))
+    length = len(c["inline"]) * 3 // 4 if "inline" in c else c.get("length")
     return "none" if coded and length == c.get("raw_length") else "zstd"
 
 

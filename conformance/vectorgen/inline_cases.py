@@ -125,18 +125,16 @@ def _pad_bits(doc: dict[str, Any]) -> None:
 
 
 def _mutations() -> list[tuple[str, Callable[[Host], Delta], str, str, str]]:
-    b_chunk = _chunk_of  # read at edit time: the header object after layout
-
     def with_member(member: str, value: Any) -> Callable[[Host], Delta]:
-        return lambda h: _edited(_host_some(h), lambda d: b_chunk(d, "b").update({member: value}))
+        return lambda h: _edited(_host_some(h), lambda d: _chunk_of(d, "b").update({member: value}))
 
     def compact_member(member: str, value: Any) -> Callable[[Host], Delta]:
-        return lambda h: _edited(_host_some(h), lambda d: b_chunk(d, "b", True).update(
+        return lambda h: _edited(_host_some(h), lambda d: _chunk_of(d, "b", True).update(
             {member: value}), compact=True)  # fmt: skip
 
     def text(change: Callable[[str], str]) -> Callable[[Host], Delta]:
         def edit(d: dict[str, Any]) -> None:
-            chunk = b_chunk(d, "b")
+            chunk = _chunk_of(d, "b")
             chunk["inline"] = change(chunk["inline"])
 
         return lambda h: _edited(_host_some(h), edit)
