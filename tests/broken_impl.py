@@ -153,10 +153,12 @@ def same_as_own_path() -> None:
     """Look a same_as_base file up under its own path, not the base path it names (C3)."""
     expand = wdelta.compact._expand_side
 
-    def own_path(side: dict[str, Any], base: Any, listing: Any, name: str) -> dict[str, Any]:
+    def own_path(
+        side: dict[str, Any], base: Any, listing: Any, name: str, built: Any
+    ) -> dict[str, Any]:
         files = [{**f, "same_as_base": f["path"]} if "same_as_base" in f else f
                  for f in side["files"]]  # fmt: skip
-        return expand({**side, "files": files}, base, listing, name)
+        return expand({**side, "files": files}, base, listing, name, built)
 
     wdelta.compact._expand_side = own_path
 

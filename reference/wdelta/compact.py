@@ -23,7 +23,7 @@ import binascii
 from typing import Any
 
 from . import inline_blobs, strictjson
-from .checkpoint.safetensors_header import build_header, parse_header
+from .checkpoint.safetensors_header import FileLayout, build_header, parse_header
 from .dtypes import DType
 from .errors import CheckpointInvalidError, HeaderInvalidError
 
@@ -135,20 +135,24 @@ def expand_tensors(raw: dict[str, Any], inline: bool) -> dict[str, Any]:
     return {**raw, **sides, "tensors": tensors}
 
 
-def expand_layouts(raw: dict[str, Any], listings: dict[str, Listing]) -> dict[str, Any]:
+def expand_layouts(
+    raw: dict[str, Any], listings: dict[str, Listing], built: dict[str, FileLayout]
+) -> dict[str, Any]:
     """``raw`` with both sides' files and index in the v1 form (§4.11, C1 to C3).
 
     ``listings`` holds each side's validated tensors; a canonical file is
-    rebuilt from those its side assigns to it.
+    rebuilt from those its side assigns to it, and its layout added to
+    ``built`` under its header text, so that it is not parsed again.
     """
-    base = _expand_side(raw["base"], None, listings["base"], "base")
-    target = _expand_side(raw["target"], base, listings["target"], "target")
+    base = _expand_side(raw["base"], None, listings["base"], "base", built)
+    target = _expand_side(raw["target"], base, listings["target"], "target", built)
     return {**raw, "base": base, "target": target}
 
 
 def _expand_side(
-    side: dict[str, Any], base: dict[str, Any] | None, listing: Listing, name: str
-) -> dict[str, Any]:
+    side: dict[str, Any], base: dict[str, Any] | None, listing: Listing, name: str,
+    built: dict[str, FileLayout],
+) -> dict[str, Any]:  # fmt: skip
     index = side["index"]
     if isinstance(index, dict) and index.get("same_as_base") is True:
         index = {"path": index["path"], "text": _base_index(base, index["path"], name)}
@@ -163,7 +167,9 @@ def _expand_side(
             text = _base_file(base, f["same_as_base"], name)
         elif f.get("canonical") is True:
             mine = by_file.get(None if owner is None else path, [])
-            text = build_header(mine, f.get("metadata")).header_text
+            layout = build_header(mine, f.get("metadata"))
+            text = layout.header_text
+            built[text] = layout
         else:
             text = f["header"]
         files.append({"path": path, "header": text})

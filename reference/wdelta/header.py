@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from . import compact, inline_blobs, schemas, strictjson
+from . import compact, gc_pause, inline_blobs, schemas, strictjson
+from .checkpoint.safetensors_header import FileLayout
 from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest
 from .dtypes import DType, lookup
 from .encodings import values as coded_values
@@ -134,6 +135,11 @@ def load_json(data: bytes) -> dict[str, Any]:
 
 def parse_header(data: bytes, data_length: int) -> Header:
     """Validate header bytes against a data section of ``data_length`` bytes."""
+    with gc_pause.paused():
+        return _parse_header(data, data_length)
+
+
+def _parse_header(data: bytes, data_length: int) -> Header:
     raw = load_json(data)
     version = raw.get("version")
     if isinstance(version, float):
@@ -162,12 +168,12 @@ def parse_header(data: bytes, data_length: int) -> Header:
         raise HeaderInvalidError(
             f"header says reversible={raw['reversible']}, chunks imply {reversible}"
         )
+    layouts: dict[str, FileLayout] = {}  # by header text: each is parsed or built once
     if compact_form:
-        raw = compact.expand_layouts(raw, _listings(tensors))
+        raw = compact.expand_layouts(raw, _listings(tensors), layouts)
     header = Header(
-        chunk_elements, reversible,
-        parse_side_layout(raw["base"], "base"), parse_side_layout(raw["target"], "target"),
-        tensors, raw, compact_form,
+        chunk_elements, reversible, parse_side_layout(raw["base"], "base", layouts),
+        parse_side_layout(raw["target"], "target", layouts), tensors, raw, compact_form,
     )  # fmt: skip
     for side, layout in (("base", header.base), ("target", header.target)):
         entries = header.side_tensors(side)

@@ -50,14 +50,27 @@ def _weight_map(index: tuple[str, str]) -> dict[str, str]:
     return wmap
 
 
-def parse_side_layout(raw: dict[str, Any], side: str) -> SideLayout:
-    """Parse the ``files`` and ``index`` of one side of a validated header."""
+def parse_side_layout(
+    raw: dict[str, Any], side: str, known: dict[str, FileLayout] | None = None
+) -> SideLayout:
+    """Parse the ``files`` and ``index`` of one side of a validated header.
+
+    ``known`` maps header texts to their layouts, already built or parsed
+    (the compact form's canonical files, the other side's); files parsed
+    here are added to it.  A 20,000-tensor header text takes 0.3 s to parse.
+    """
+    known = {} if known is None else known
     files: list[tuple[str, FileLayout]] = []
     for f in raw["files"]:
-        try:
-            files.append((f["path"], parse_header(f["header"].encode("utf-8"))))
-        except CheckpointInvalidError as exc:
-            raise HeaderInvalidError(f"{side} layout {f['path']}: {exc}") from exc
+        text = f["header"]
+        layout = known.get(text)
+        if layout is None:
+            try:
+                layout = parse_header(text.encode("utf-8"))
+            except CheckpointInvalidError as exc:
+                raise HeaderInvalidError(f"{side} layout {f['path']}: {exc}") from exc
+            known[text] = layout
+        files.append((f["path"], layout))
     paths = [p for p, _ in files]
     if len(set(paths)) != len(paths):
         raise HeaderInvalidError(f"{side} layout names a file twice")
