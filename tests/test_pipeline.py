@@ -40,11 +40,13 @@ def test_batches_are_greedy_runs_of_at_most_limit_elements(
 
 
 @given(sizes=tensor_sizes, chunk=st.integers(1, 20), limit=st.integers(1, 60),
-       threads=st.integers(1, 3))  # fmt: skip
-@settings(max_examples=60, deadline=None)
+       threads=st.integers(1, 3), local=st.integers(0, 25))  # fmt: skip
+@settings(max_examples=100, deadline=None)
 def test_batched_map_runs_each_batch_on_one_thread_and_yields_in_order(
-    sizes: list[int], chunk: int, limit: int, threads: int
+    sizes: list[int], chunk: int, limit: int, threads: int, local: int
 ) -> None:
+    """Batches of tasks all under LOCAL_ELEMENTS (here ``local``) run on the calling
+    thread, the others on the pool's threads (with more than one thread)."""
     tasks = _tasks(sizes, chunk)
     thread_of: dict[tuple[int, int], int] = {}
 
@@ -52,9 +54,33 @@ def test_batched_map_runs_each_batch_on_one_thread_and_yields_in_order(
         thread_of[(task.item, task.index)] = threading.get_ident()
         return task.item, task.index
 
-    assert list(batched_map(run, tasks, threads, limit)) == [(t.item, t.index) for t in tasks]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "LOCAL_ELEMENTS", local)
+        got = list(batched_map(run, tasks, threads, limit))
+    assert got == [(t.item, t.index) for t in tasks]
     for batch in pipeline._batches(tasks, limit):
-        assert len({thread_of[(t.item, t.index)] for t in batch}) == 1
+        threads_used = {thread_of[(t.item, t.index)] for t in batch}
+        assert len(threads_used) == 1
+        on_caller = threads_used == {threading.get_ident()}
+        assert on_caller == (threads == 1 or all(t.count < local for t in batch))
+
+
+def test_a_failing_local_batch_stops_the_map_with_its_exception(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Small tasks (run by the caller) between large ones (run by the pool)."""
+    monkeypatch.setattr(pipeline, "LOCAL_ELEMENTS", 5)
+
+    def run(task: ChunkTask[int]) -> int:
+        if task.item == 5:
+            raise ValueError("task 5")
+        return task.item
+
+    got: list[int] = []
+    with pytest.raises(ValueError, match="task 5"):
+        for value in batched_map(run, _tasks([10, 1, 10, 1, 10, 1, 10], 100), 2, 10):
+            got.append(value)
+    assert got == [0, 1, 2, 3, 4]
 
 
 def test_batches_group_small_tasks_and_keep_large_ones_alone() -> None:
