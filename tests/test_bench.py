@@ -143,3 +143,30 @@ def test_fp8speed_on_a_tiny_trace(tmp_path: Path) -> None:
         assert float(cells[9]) >= float(cells[1]) and float(cells[10]) >= float(cells[2])
         assert float(cells[11]) > 0
     assert list(tmp_path.glob("tmp*")) == []  # its work folder is removed
+
+
+def test_manytensors_on_a_tiny_case(tmp_path: Path) -> None:
+    """bench/manytensors.py: a row per operation with both costs per tensor, and the
+    checkpoints it builds hold the stated number of tensors, 2% of them changed."""
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "manytensors.py"), "--tensors", "30", "--scale",
+         "2", "--rounds", "1", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ") and "us/" not in line]
+    ops = [r.strip("|").split("|")[0].strip() for r in rows]
+    assert ops == ["diff", "open_delta (parse)", "apply", "verify (no base)"]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and float(cells[2]) > 0
+        assert float(cells[3]) == pytest.approx(float(cells[2]) / float(cells[1]), abs=0.02)
+    import wdelta
+
+    with wdelta.open_checkpoint(tmp_path / "base-60.safetensors") as ckpt:
+        assert len(ckpt.tensors) == 60
+    rebuilt = tmp_path / "base-60.out.safetensors"
+    assert rebuilt.read_bytes() == (tmp_path / "target-60.safetensors").read_bytes()
+    with wdelta.open_delta(tmp_path / "base-60.wdelta") as d:
+        changed = sum(c.changed for t in d.header.tensors for c in t.chunks)
+    assert 0.01 < changed / (60 * 32 * 64) < 0.03
