@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wdelta
-from wdelta import tensors
+from wdelta import pipeline, tensors
 from wdelta.container import open_delta
 
 torch = pytest.importorskip("torch")
@@ -20,6 +20,14 @@ torch = pytest.importorskip("torch")
 from test_torch import DTYPES, random_tensor, stepped, words  # noqa: E402
 
 CHUNK = 64
+
+
+@pytest.fixture(autouse=True, params=["small work local", "all work pooled"])
+def _pooled(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test twice: as shipped (this module's small tensors are decoded and hashed
+    by the calling thread, pipeline.runs_locally) and with every item on the pool."""
+    if request.param == "all work pooled":
+        monkeypatch.setattr(pipeline, "LOCAL_ELEMENTS", 0)
 
 
 def model(seed: int) -> dict[str, Any]:

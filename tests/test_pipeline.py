@@ -65,6 +65,23 @@ def test_batched_map_runs_each_batch_on_one_thread_and_yields_in_order(
         assert on_caller == (threads == 1 or all(t.count < local for t in batch))
 
 
+@given(local=st.lists(st.booleans(), max_size=40), threads=st.integers(1, 3),
+       ahead=st.integers(1, 3))  # fmt: skip
+@settings(max_examples=60, deadline=None)
+def test_ordered_map_computes_local_items_on_the_calling_thread_in_order(
+    local: list[bool], threads: int, ahead: int
+) -> None:
+    caller = threading.get_ident()
+
+    def run(i: int) -> tuple[int, bool]:
+        return i, threading.get_ident() == caller
+
+    got = list(pipeline.ordered_map(run, range(len(local)), threads, ahead,
+                                    local=lambda i: local[i]))  # fmt: skip
+    assert [i for i, _ in got] == list(range(len(local)))
+    assert [on_caller for _, on_caller in got] == [threads == 1 or x for x in local]
+
+
 def test_a_failing_local_batch_stops_the_map_with_its_exception(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -263,3 +280,29 @@ def test_chunks_decoded_in_place_are_written_without_the_staging_copy(
     if direct != [True]:
         pytest.skip("no O_DIRECT on this file system")
     assert staged == []
+
+
+@pytest.mark.parametrize("local", [1 << 16, 0])
+def test_verify_checks_every_blob_locally_and_on_the_pool(
+    local: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_inline: None
+) -> None:
+    """verify without a base reads every blob, whether its chunk is checked by the
+    calling thread (small chunks) or on the pool: a flipped byte of the last blob is
+    found either way."""
+    monkeypatch.setattr(pipeline, "LOCAL_ELEMENTS", local)
+    rng = np.random.default_rng(3)
+    base = {f"t{i}": rng.integers(0, 2**16, 600, dtype=np.uint16).view(np.float16)
+            for i in range(12)}  # fmt: skip
+    target = {k: v.copy() for k, v in base.items()}
+    for v in target.values():
+        v[rng.integers(0, 600, 40)] = 3.0
+    delta = tmp_path / "d.wdelta"
+    wdelta.diff(base, target, delta)
+    wdelta.verify(delta, threads=2)
+    with wdelta.open_delta(delta) as d:
+        assert d.header.tensors[-1].chunks[0].in_data
+    data = bytearray(delta.read_bytes())
+    data[-1] ^= 1
+    delta.write_bytes(bytes(data))
+    with pytest.raises(wdelta.ChecksumMismatchError):
+        wdelta.verify(delta, threads=2)

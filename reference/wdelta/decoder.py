@@ -40,6 +40,7 @@ from .pipeline import (
     batched_map,
     chunk_tasks,
     ordered_map,
+    runs_locally,
 )
 
 Progress = Callable[[int], None]
@@ -369,6 +370,8 @@ def check_blobs(delta: DeltaFile, threads: int, progress: Progress | None) -> No
         (t, c, header.chunk_span(t, i)[1])
         for t in header.tensors for i, c in enumerate(t.chunks) if c.encoding != "unchanged"
     ]  # fmt: skip
-    for length in ordered_map(lambda w: _check_chunk(delta, *w), work, threads):
+    checked = ordered_map(lambda w: _check_chunk(delta, *w), work, threads,
+                          local=lambda w: runs_locally(w[2]))  # fmt: skip
+    for length in checked:
         if progress is not None:
             progress(length)

@@ -58,7 +58,7 @@ from .errors import (
     WdeltaError,
 )
 from .header import Chunk, Header
-from .pipeline import ordered_map
+from .pipeline import ordered_map, runs_locally
 from .tensors import Select, Slot, selector
 
 
@@ -142,7 +142,8 @@ def _implied(step: decoder.Step, verify_output: bool) -> bool:
 def _verify_inputs(steps: list[decoder.Step], slots: dict[str, Slot], threads: int) -> None:
     """Every input tensor of ``steps`` against its digest."""
     checked = [s for s in steps if s.src_digest is not None]
-    digests = ordered_map(lambda s: slots[s.entry.name].digest(), checked, threads, 1)
+    digests = ordered_map(lambda s: slots[s.entry.name].digest(), checked, threads, 1,
+                          local=lambda s: runs_locally(s.entry.elements))  # fmt: skip
     for step, digest in zip(checked, digests, strict=True):
         if digest != step.src_digest and digest == step.dst_digest:
             evidence = (
@@ -255,7 +256,8 @@ def _update(
     tasks = _tasks(writes, slots, delta.header.chunk_elements)
     # Closed on error, which waits for the running workers: none still writes
     # while the journal is undone.
-    written = ordered_map(lambda t: _write_chunk(delta, t, journal), tasks, threads)
+    written = ordered_map(lambda t: _write_chunk(delta, t, journal), tasks, threads,
+                          local=lambda t: runs_locally(t.count))  # fmt: skip
     with contextlib.closing(written):
         for task in written:
             if verify and task.start + task.count == task.step.entry.elements:

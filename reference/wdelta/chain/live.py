@@ -52,7 +52,7 @@ from ..errors import BadArgumentError, BaseMismatchError, StorageError, WdeltaEr
 from ..header import MAX_CHUNK_ELEMENTS
 from ..inplace import apply_inplace, apply_opened, apply_unchecked
 from ..output_file import pwrite_all
-from ..pipeline import ordered_map
+from ..pipeline import ordered_map, runs_locally
 from ..tensors import Select, Slot
 from . import graph
 from .acceptance import Tracker
@@ -124,7 +124,8 @@ def _host_copy(
         flat = old.reshape(-1).view(s.dtype.word)
         blocks += [(s, flat, i, min(_WRITE_ELEMENTS, s.elements - i))
                    for i in range(0, s.elements, _WRITE_ELEMENTS)]  # fmt: skip
-    for _ in ordered_map(lambda b: _copy_block(*b), blocks, threads):
+    for _ in ordered_map(lambda b: _copy_block(*b), blocks, threads,
+                         local=lambda b: runs_locally(b[3])):  # fmt: skip
         pass
     return copies
 
@@ -261,7 +262,8 @@ def _as_checkpoint(source: Mapping[str, Any] | Path) -> Iterator[Checkpoint]:
 def _digests(weights: Mapping[str, Any], threads: int) -> dict[str, str]:
     """Each tensor's digest (SPEC §9.3), hashed on ``threads`` threads."""
     slots = [live.slot(name, value) for name, value in weights.items()]
-    found = ordered_map(lambda s: s.digest(), slots, threads, 1)
+    found = ordered_map(lambda s: s.digest(), slots, threads, 1,
+                        local=lambda s: runs_locally(s.elements))  # fmt: skip
     return {s.name: d for s, d in zip(slots, found, strict=True)}
 
 
