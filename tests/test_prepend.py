@@ -184,5 +184,22 @@ def test_header_over_the_limit_is_refused(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(wdelta.LimitExceededError) as info:
         wdelta.diff(base, target, tmp_path / "d.wdelta", chunk_elements=16)
     assert info.value.category == "limit-exceeded"
+    assert "larger chunks" in str(info.value) and "compact header form" not in str(info.value)
     assert not (tmp_path / "d.wdelta").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base.safetensors", "target.safetensors"]
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_header_over_the_limit_names_the_remedy_that_applies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compact: bool
+) -> None:
+    """Tensors of one chunk each: larger chunks would not help; the compact form would,
+    when it was not asked for."""
+    base, target = _pair(tmp_path, 1000)
+    monkeypatch.setattr(wdelta.encoder, "MAX_HEADER_BYTES", 300)
+    with pytest.raises(wdelta.LimitExceededError, match="over the format's limit") as info:
+        wdelta.diff(base, target, tmp_path / "d.wdelta", compact=compact)
+    message = str(info.value)
+    assert "larger chunks" not in message and "split the checkpoint" in message
+    assert ("compact header form" in message) is not compact
+    assert not (tmp_path / "d.wdelta").exists()
