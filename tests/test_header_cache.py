@@ -163,3 +163,28 @@ def test_gc_pause_restores_the_callers_setting() -> None:
     with pytest.raises(KeyError), gc_pause.paused():
         raise KeyError("x")
     assert gc.isenabled()
+
+
+def test_data_start_is_computed_once_per_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a checkpoint asks every tensor's offset, which needs the file's data start:
+    encoding the header text each time made opening N tensors cost N header encodings."""
+    import functools
+
+    computed: list[int] = []
+    real = sh.FileLayout.data_start.func
+
+    def counting(self: sh.FileLayout) -> int:
+        computed.append(1)
+        return real(self)
+
+    prop = functools.cached_property(counting)
+    prop.__set_name__(sh.FileLayout, "data_start")
+    monkeypatch.setattr(sh.FileLayout, "data_start", prop)
+    path = tmp_path / "m.safetensors"
+    save_file({f"t{i}": np.full(3, i, np.float32) for i in range(50)}, str(path))
+    with wdelta.open_checkpoint(path) as ckpt:
+        assert len(ckpt.tensors) == 50
+        assert ckpt.tensors["t7"].read(0, 3).view(np.float32).tolist() == [7.0, 7.0, 7.0]
+    assert computed == [1]
