@@ -82,40 +82,35 @@ def test_ordered_map_computes_local_items_on_the_calling_thread_in_order(
     assert [on_caller for _, on_caller in got] == [threads == 1 or x for x in local]
 
 
-def test_a_failing_local_batch_stops_the_map_with_its_exception(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Small tasks (run by the caller) between large ones (run by the pool)."""
-    monkeypatch.setattr(pipeline, "LOCAL_ELEMENTS", 5)
-
-    def run(task: ChunkTask[int]) -> int:
-        if task.item == 5:
-            raise ValueError("task 5")
-        return task.item
-
-    got: list[int] = []
-    with pytest.raises(ValueError, match="task 5"):
-        for value in batched_map(run, _tasks([10, 1, 10, 1, 10, 1, 10], 100), 2, 10):
-            got.append(value)
-    assert got == [0, 1, 2, 3, 4]
-
-
 def test_batches_group_small_tasks_and_keep_large_ones_alone() -> None:
     batches = pipeline._batches(_tasks([3, 3, 3, 10, 2, 2], 100), 6)
     assert [[t.item for t in b] for b in batches] == [[0, 1], [2], [3], [4, 5]]
 
 
-def test_a_failing_task_stops_the_map_with_its_exception() -> None:
+@pytest.mark.parametrize(
+    ("sizes", "limit", "local", "failing", "before"),
+    [
+        ([1] * 20, 3, 0, 7, 6),  # every batch on the pool; task 7 is in batch [6, 7, 8]
+        ([10, 1, 10, 1, 10, 1, 10], 10, 5, 5, 5),  # small batches on the caller, between pooled
+    ],
+)
+def test_a_failing_task_stops_the_map_with_its_exception(
+    sizes: list[int], limit: int, local: int, failing: int, before: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Results stop before the failing task's batch; its exception is raised."""
+    monkeypatch.setattr(pipeline, "LOCAL_ELEMENTS", local)
+
     def run(task: ChunkTask[int]) -> int:
-        if task.item == 7:
-            raise ValueError("task 7")
+        if task.item == failing:
+            raise ValueError(f"task {failing}")
         return task.item
 
     got: list[int] = []
-    with pytest.raises(ValueError, match="task 7"):
-        for value in batched_map(run, _tasks([1] * 20, 4), 2, 3):
+    with pytest.raises(ValueError, match=f"task {failing}"):
+        for value in batched_map(run, _tasks(sizes, 100), 2, limit):
             got.append(value)
-    assert got == list(range(len(got))) and len(got) <= 7
+    assert got == list(range(before))
 
 
 def test_batch_limit_never_exceeds_a_chunk() -> None:
