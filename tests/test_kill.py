@@ -47,10 +47,10 @@ class Work:
         return self.root / f"s{i}.safetensors"
 
 
-def _make_work(root: Path, elements: int, names: list[str]) -> Work:
+def _make_work(root: Path, elements: int, names: list[str], tensors: int = TENSORS) -> Work:
     """Inputs for the commands ``names`` (chains only if needed), each one calibrated."""
     rng = np.random.default_rng(0)
-    words = {f"w{i}": rng.integers(0, 1 << 16, elements, dtype=np.uint16) for i in range(TENSORS)}
+    words = {f"w{i}": rng.integers(0, 1 << 16, elements, dtype=np.uint16) for i in range(tensors)}
     w = Work(root, {})
     for step in range(3):
         raw = {k: RawTensor("BF16", (elements,), v.tobytes()) for k, v in words.items()}
@@ -248,6 +248,28 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Work:
 @pytest.mark.parametrize(("name", "sig"), [("diff", signal.SIGTERM), ("apply", signal.SIGKILL)])
 def test_kill_midway(small: Work, tmp_path: Path, name: str, sig: signal.Signals) -> None:
     kill_point(small, tmp_path, name, sig, 1.5)
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> Work:
+    """3,000 tensors of 2,048 elements: chunks this small are decoded and encoded by the
+    main thread (pipeline.runs_locally), where the signal lands, not on the pool."""
+    return _make_work(tmp_path_factory.mktemp("kill-many"), 1 << 11, ["diff", "apply"], 3000)
+
+
+@pytest.mark.parametrize("name", ["diff", "apply"])
+def test_terminated_midway_on_many_small_tensors(many: Work, tmp_path: Path, name: str) -> None:
+    """SIGTERM a quarter into the writing phase interrupts the command (exit 143, one
+    line), leaves no temporary and no output, and a rerun does the job."""
+    case = COMMANDS[name](many, tmp_path / "case")
+    before = [tree_hashes(p) for p in case.inputs]
+    result = _killed(case, signal.SIGTERM, delay(many, name, 1.25))
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert result.stderr.splitlines() == ["error: interrupted (SIGTERM)"]
+    assert temporaries(case.folder) == [] and not case.check_output()
+    assert [tree_hashes(p) for p in case.inputs] == before
+    assert_ok(_run(case.argv, case.folder))
+    case.check_done()
 
 
 @pytest.fixture(scope="module")
