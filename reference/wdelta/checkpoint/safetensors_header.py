@@ -174,7 +174,7 @@ def build_header(
             raise CheckpointInvalidError("a tensor cannot be named __metadata__")
         _parse_shape(name, list(shape))
     if metadata is not None and not all(
-        type(k) is str and type(v) is str for k, v in metadata.items()
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         raise CheckpointInvalidError("__metadata__ must map strings to strings")
     ordered = sorted(tensors, key=lambda t: (-_alignment(t[1]), t[0]))
@@ -192,7 +192,9 @@ def build_header(
         raise CheckpointInvalidError("a tensor name appears twice")
     text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
     text += " " * (-len(text.encode("utf-8")) % 8)
-    return FileLayout(text, tuple(layouts), None if metadata is None else dict(metadata))
+    # Plain str keys and values, as a parse of the text gives (str subclasses too).
+    kept = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
+    return FileLayout(text, tuple(layouts), kept)
 
 
 def _is_utf8(text: str) -> bool:
