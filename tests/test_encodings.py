@@ -599,3 +599,30 @@ def test_value_bits_is_the_sum_of_plane_entropies_to_the_last_bit(
     for h in estimate.plane_histograms(values):
         expected += estimate.entropy_bits(h)
     assert estimate.value_bits(values) == expected
+
+
+@given(
+    fields=st.lists(st.integers(0, 255), min_size=1, max_size=700),
+    k=st.integers(1, 8),
+    pad=st.integers(0, 7),
+)
+def test_remainder_fields_both_unpackings_agree_and_refuse_alike(
+    fields: list[int], k: int, pad: int
+) -> None:
+    """Short streams are unpacked bit by bit, long ones by merging lanes: the same
+    fields, the same refusals (a wrong length, a set padding bit)."""
+    values = np.array([f & ((1 << k) - 1) for f in fields], dtype=np.uint8)
+    data = positions.pack_fields(values, k)
+    count = len(values)
+    assert positions._unpack_groups(data, count, k).tolist() == values.tolist()
+    assert positions.remainder_fields(data, count, k).tolist() == values.tolist()
+    for bad in (data + b"\0", data[:-1]):
+        with pytest.raises(EncodingInvalidError, match="bytes for"):
+            positions.remainder_fields(bad, count, k)
+    spare = 8 * len(data) - count * k
+    if spare:
+        flipped = bytearray(data)
+        flipped[-1] |= 1 << (7 - pad % spare)
+        for unpack in (positions.remainder_fields, positions._unpack_groups):
+            with pytest.raises(EncodingInvalidError, match="padding"):
+                unpack(bytes(flipped), count, k)
