@@ -595,10 +595,16 @@ def test_value_bits_is_the_sum_of_plane_entropies_to_the_last_bit(
 ) -> None:
     """One bincount for all planes gives the per-plane estimate exactly: the same picks."""
     values = data.draw(words(size, 0, 300))
-    expected = 0.0
-    for h in estimate.plane_histograms(values):
-        expected += estimate.entropy_bits(h)
-    assert estimate.value_bits(values) == expected
+    others = data.draw(words(size, len(values), len(values)))
+    expected = []
+    for array in (values, others):
+        bits = 0.0
+        for h in estimate.plane_histograms(array):
+            bits += estimate.entropy_bits(h)
+        expected.append(bits)
+    assert estimate.value_bits(values) == expected[0]
+    # Two arrays counted in one histogram (the transform pick): each as if alone.
+    assert estimate.value_bits_each(values, others) == expected
 
 
 @given(

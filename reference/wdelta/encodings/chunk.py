@@ -44,8 +44,9 @@ def encode_full(words: Words, level: int | None) -> Encoded:
 def _pick_transform(base: Words, target: Words, sampled: Positions) -> str:
     """The transform whose values at the positions ``sampled`` look cheaper."""
     b, t = base.take(sampled), target.take(sampled)
-    xor_bits = estimate.value_bits(np.bitwise_xor(b, t))
-    sub_bits = estimate.value_bits(transform.encode("sub", b, t))
+    xor_bits, sub_bits = estimate.value_bits_each(
+        np.bitwise_xor(b, t), transform.encode("sub", b, t)
+    )
     return "sub" if sub_bits < xor_bits else "xor"
 
 

@@ -77,16 +77,30 @@ def value_bits(words: Words) -> float:
     plane is counted by one ``bincount`` and its logarithms taken in one call,
     which costs a third of per-plane calls on the small chunks of scale tensors.
     """
-    s, n = words.dtype.itemsize, len(words)
+    return value_bits_each(words)[0]
+
+
+def value_bits_each(*arrays: Words) -> list[float]:
+    """:func:`value_bits` of each of ``arrays`` (same length and dtype), bit for bit,
+    from one histogram of all their planes: the fixed cost of the NumPy calls is
+    paid once (the transform pick on a 2,048-element chunk: 2 x 26 us before)."""
+    s, n = arrays[0].dtype.itemsize, len(arrays[0])
     if n == 0:
-        return 0.0
-    keys = words.view(np.uint8).reshape(-1, s) + np.arange(0, 256 * s, 256, dtype=np.uint16)
-    counts = np.bincount(keys.reshape(-1), minlength=256 * s)
+        return [0.0] * len(arrays)
+    planes = len(arrays) * s
+    offsets = np.arange(0, 256 * planes, 256, dtype=np.uint16).reshape(len(arrays), 1, s)
+    stacked = np.stack([a.view(np.uint8).reshape(-1, s) for a in arrays])
+    counts = np.bincount((stacked + offsets).reshape(-1), minlength=256 * planes)
     seen = counts > 0
     p = counts[seen] / float(n)
     terms = p * np.log2(p)
-    ends = np.cumsum(np.count_nonzero(seen.reshape(s, 256), axis=1)).tolist()
-    bits = 0.0
-    for start, end in zip([0, *ends[:-1]], ends, strict=True):
-        bits += float(-terms[start:end].sum())
-    return bits
+    ends = np.cumsum(np.count_nonzero(seen.reshape(planes, 256), axis=1)).tolist()
+    starts = [0, *ends[:-1]]
+    per_plane = [float(-terms[a:b].sum()) for a, b in zip(starts, ends, strict=True)]
+    out = []
+    for i in range(len(arrays)):
+        bits = 0.0
+        for plane_bits in per_plane[i * s : (i + 1) * s]:
+            bits += plane_bits
+        out.append(bits)
+    return out
