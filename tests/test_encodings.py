@@ -139,6 +139,17 @@ def test_rice_matches_reference_and_inverts(ps: tuple[Any, int], k: int) -> None
 
 
 @given(ps=position_sets())
+def test_best_rice_k_is_the_first_smallest_candidate(ps: tuple[Any, int]) -> None:
+    """The choice is the candidate of fewest rice_bits on the sample (the first on a tie):
+    encoders of the same version make the same deltas."""
+    pos, _ = ps
+    gaps = positions.gaps_of(pos)
+    sample = gaps[:: max(1, len(gaps) // positions._K_SAMPLE)]
+    ks = positions.rice_k_candidates(float(np.mean(sample)) if len(sample) else 0.0)
+    assert positions.best_rice_k(gaps) == min(ks, key=lambda k: positions.rice_bits(sample, k))
+
+
+@given(ps=position_sets())
 def test_best_rice_k_is_near_optimal(ps: tuple[Any, int]) -> None:
     pos, _ = ps
     gaps = positions.gaps_of(pos)

@@ -50,7 +50,11 @@ def best_rice_k(gaps: Positions) -> int:
     """The k near log2(mean gap · ln 2) minimising size, judged on a sample of gaps."""
     sample = gaps[:: max(1, len(gaps) // _K_SAMPLE)]
     mean = float(np.mean(sample)) if len(sample) else 0.0
-    return min(rice_k_candidates(mean), key=lambda k: rice_bits(sample, k))
+    ks = rice_k_candidates(mean)
+    # rice_bits of every candidate from one shift and sum (a 40-gap chunk: 3 us, not 16).
+    shifted = sample >> np.arange(ks.start, ks.stop, dtype=np.int64)[:, None]
+    sizes = [int(q) + len(sample) * (k + 1) for q, k in zip(shifted.sum(axis=1), ks, strict=True)]
+    return ks[sizes.index(min(sizes))]
 
 
 def unary_ones(gaps: Positions, k: int) -> Positions:
