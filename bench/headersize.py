@@ -147,7 +147,7 @@ def main(paths: list[str]) -> int:
             n = len(d.header.tensors)
             form = "compact" if d.header.compact else "v1"
             print(f"{path}: {n} tensors, header {d.header_length} bytes stored ({form} form)")
-            for name, nbytes in compaction(d.header.raw):
+            for name, nbytes in compaction(d.header_json()):
                 print(f"  {name:32} {nbytes:>9,} bytes  {nbytes / n:6.0f} per tensor")
     return 0
 

@@ -66,7 +66,7 @@ def _delta_parts(delta: Path) -> dict[str, Any]:
                 "data_bytes": d.data_length + stored, "inline_bytes": stored,
                 "tensors": len(d.header.tensors), "scale_bytes": scale,
                 "chunk_elements": d.header.chunk_elements,
-                "compaction": headersize.compaction(d.header.raw)}  # fmt: skip
+                "compaction": headersize.compaction(d.header_json())}  # fmt: skip
 
 
 def _wdelta_round(pair: tuple[Path, Path], work: Path, threads: int, target: bytes) -> Row:

@@ -11,6 +11,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import blake3
 
@@ -29,7 +30,7 @@ from .errors import (
     WdeltaError,
 )
 from .filekind import USAGE_APPLY, WDELTA_MAGIC, naming, not_a_delta, sniff_fd
-from .header import FORMAT_VERSION, Chunk, Header, parse_header
+from .header import FORMAT_VERSION, Chunk, Header, entries_json, parse_header
 
 MAGIC = WDELTA_MAGIC
 PREFIX = struct.Struct("<8sII Q32sQ".replace(" ", ""))
@@ -79,6 +80,13 @@ class DeltaFile:
     @property
     def data_start(self) -> int:
         return PREFIX_SIZE + self.header_length
+
+    def header_json(self) -> dict[str, Any]:
+        """The header's whole JSON object in the v1 form: ``header.raw`` with its tensor
+        entries, read from the file again (``raw`` does not keep them)."""
+        data = bytearray(self.header_length)
+        pread_into(self._fd, memoryview(data), PREFIX_SIZE, f"{self.path}: header")
+        return {**self.header.raw, "tensors": entries_json(bytes(data))}
 
     def __enter__(self) -> DeltaFile:
         return self

@@ -95,8 +95,11 @@ class TensorEntry:
 class Header:
     """A validated delta header.
 
-    ``raw`` is the parsed JSON object in the v1 form: a compact header
-    (``compact`` True, SPEC §4.11) is expanded, so it reads like any other.
+    ``raw`` is the parsed JSON object in the v1 form (a compact header,
+    ``compact`` True, SPEC §4.11, is expanded, so it reads like any other)
+    without its ``tensors`` list: the entries are ``tensors``, and holding
+    their JSON as well took 30% of a large header's memory (300,000 entries:
+    393 against 273 MiB).  :func:`entries_json` gives them from the header bytes.
     """
 
     chunk_elements: int
@@ -157,10 +160,12 @@ def _parse_header(data: bytes, data_length: int) -> Header:
     inline = isinstance(features, list) and inline_blobs.FEATURE in features
     if compact_form:
         raw = compact.expand_tensors(raw, inline)
+    raw_tensors = raw.pop("tensors")
     chunk_elements = raw["chunk_elements"]
     if chunk_elements > MAX_CHUNK_ELEMENTS:
         raise LimitExceededError(f"chunk_elements {chunk_elements} exceeds {MAX_CHUNK_ELEMENTS}")
-    tensors = tuple(_parse_tensor(t, chunk_elements, inline) for t in raw["tensors"])
+    tensors = tuple(_parse_tensor(t, chunk_elements, inline) for t in raw_tensors)
+    del raw_tensors
     _check_order(tensors)
     _check_blobs(tensors, data_length)
     reversible = all(_tensor_reversible(t) for t in tensors)
@@ -181,6 +186,17 @@ def _parse_header(data: bytes, data_length: int) -> Header:
         if checkpoint_digest(t.identity(side) for t in entries) != raw[side]["digest"]:
             raise HeaderInvalidError(f"{side} digest does not match its tensor digests")
     return header
+
+
+def entries_json(data: bytes) -> list[dict[str, Any]]:
+    """The JSON tensor entries of a header :func:`parse_header` accepted, in the v1
+    form (a compact header's expanded as in parsing): what ``Header.raw`` leaves out."""
+    raw = load_json(data)
+    if compact.is_compact(raw):
+        features = raw.get("required_features") or []
+        raw = compact.expand_tensors(raw, inline_blobs.FEATURE in features)
+    entries: list[dict[str, Any]] = raw["tensors"]
+    return entries
 
 
 def _listings(tensors: tuple[TensorEntry, ...]) -> dict[str, compact.Listing]:

@@ -52,10 +52,11 @@ def header_text_violations(header: bytes) -> list[str]:
     return problems
 
 
-def ignored_member_violations(raw: dict[str, Any]) -> list[str]:
-    """W3: chunk members marked ignored for their encoding are absent."""
+def ignored_member_violations(entries: list[dict[str, Any]]) -> list[str]:
+    """W3: chunk members marked ignored for their encoding are absent (``entries``: the
+    header's tensor entries in the v1 form, :func:`~wdelta.header.entries_json`)."""
     problems = []
-    for entry in raw["tensors"]:
+    for entry in entries:
         for i, chunk in enumerate(entry.get("chunks", [])):
             found = [k for k in IGNORED.get(chunk["encoding"], ()) if k in chunk]
             if found:
@@ -130,7 +131,7 @@ def writer_violations(delta: Path, base: Path, target: Path) -> list[str]:
             f.seek(PREFIX_SIZE)
             header = f.read(d.header_length)
         problems = header_text_violations(header)
-        problems += ignored_member_violations(d.header.raw)
+        problems += ignored_member_violations(d.header_json()["tensors"])
         with open_checkpoint(base) as b, open_checkpoint(target) as t:
             problems += changed_violations(d, b, t)
             problems += layout_violations("base", d.header.base, b)
