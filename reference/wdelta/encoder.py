@@ -389,7 +389,7 @@ def _check_header_size(header: bytes, plans: list[_Plan], opts: DiffOptions) -> 
     put the v1 form just over the limit), larger chunks for tensors of many chunks."""
     if len(header) <= MAX_HEADER_BYTES:
         return
-    chunks = sum(-(-p.tensor.elements // opts.chunk_elements) for p in plans)
+    chunks = sum(len(p.chunks) for p in plans)
     remedy = []
     if not opts.compact:
         remedy.append("write the compact header form (without --compat, compact=True), "

@@ -157,7 +157,7 @@ def _parse_header(data: bytes, data_length: int) -> Header:
             raise UnsupportedFeatureError(f"unknown required features: {', '.join(unknown)}")
     compact_form = compact.is_compact(raw)
     _validate_schema(raw, compact_form)
-    inline = isinstance(features, list) and inline_blobs.FEATURE in features
+    inline = _lists_inline(raw)
     if compact_form:
         raw = compact.expand_tensors(raw, inline)
     raw_tensors = raw.pop("tensors")
@@ -193,10 +193,15 @@ def entries_json(data: bytes) -> list[dict[str, Any]]:
     form (a compact header's expanded as in parsing): what ``Header.raw`` leaves out."""
     raw = load_json(data)
     if compact.is_compact(raw):
-        features = raw.get("required_features") or []
-        raw = compact.expand_tensors(raw, inline_blobs.FEATURE in features)
+        raw = compact.expand_tensors(raw, _lists_inline(raw))
     entries: list[dict[str, Any]] = raw["tensors"]
     return entries
+
+
+def _lists_inline(raw: dict[str, Any]) -> bool:
+    """Whether the header's ``required_features`` names ``inline-blobs`` (SPEC §4.12)."""
+    features = raw.get("required_features")
+    return isinstance(features, list) and inline_blobs.FEATURE in features
 
 
 def _listings(tensors: tuple[TensorEntry, ...]) -> dict[str, compact.Listing]:

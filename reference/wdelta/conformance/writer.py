@@ -20,7 +20,7 @@ from ..checkpoint.source import Checkpoint, open_checkpoint
 from ..container import PREFIX_SIZE, DeltaFile, open_delta
 from ..encodings import sparse
 from ..errors import BadArgumentError, EncodingInvalidError, HeaderInvalidError
-from ..header import Header, TensorEntry
+from ..header import Header, TensorEntry, entries_json
 from ..layout import SideLayout
 
 PAGE = 4096
@@ -131,7 +131,7 @@ def writer_violations(delta: Path, base: Path, target: Path) -> list[str]:
             f.seek(PREFIX_SIZE)
             header = f.read(d.header_length)
         problems = header_text_violations(header)
-        problems += ignored_member_violations(d.header_json()["tensors"])
+        problems += ignored_member_violations(entries_json(header))
         with open_checkpoint(base) as b, open_checkpoint(target) as t:
             problems += changed_violations(d, b, t)
             problems += layout_violations("base", d.header.base, b)
