@@ -60,7 +60,7 @@ def decode(view: memoryview, count: int, word: np.dtype[Any]) -> Words:
     if levels > MAX_LEVELS:
         raise EncodingInvalidError(f"coded values: {levels} split levels, at most {MAX_LEVELS}")
     splits = np.frombuffer(reader.take(levels * word.itemsize), dtype=word)
-    if len(np.unique(splits)) != levels:
+    if len(set(splits.tolist())) != levels:
         raise EncodingInvalidError("coded values: two split words are equal")
     out: Words = np.empty(count, dtype=word)
     still_open: Positions | None = None  # None: every value is open
@@ -358,7 +358,12 @@ def _histogram(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any
     """(distinct words, their counts), words increasing.  A stable sort, which NumPy
     does by radix for 1- and 2-byte words: measured 0.21-0.32 ms on 32K-value
     samples of bf16 and fp8 steps, against 0.65-0.94 ms for np.unique's sort and
-    0.34-0.40 ms for a 65536-bin bincount and its scan."""
+    0.34-0.40 ms for a 65536-bin bincount and its scan.  1-byte words are counted
+    in 256 bins instead (fp8: 15 us against 60 us for a 20K-value sample)."""
+    if values.dtype.itemsize == 1:
+        bins = np.bincount(values, minlength=256)
+        present = np.flatnonzero(bins)
+        return present.astype(np.uint64), bins[present]
     ordered = np.sort(values, kind="stable")
     starts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
     starts = np.concatenate(([0], starts)) if len(ordered) else starts
@@ -390,7 +395,12 @@ def _suffix_estimates(
     shifts = np.arange(0, 8 * size, 8, dtype=np.uint64)
     byte = ((words[None, :] >> shifts[:, None]) & np.uint64(255)).astype(np.intp)
     byte += 256 * np.arange(size)[:, None]
-    cols, inverse = np.unique(byte.ravel(), return_inverse=True)
+    # The columns that occur, in order, and each byte's column: np.unique's
+    # sort costs more than this 256-per-plane table on the few words here.
+    present = np.zeros(256 * size, dtype=bool)
+    present[byte] = True
+    cols = np.flatnonzero(present)
+    inverse = (np.cumsum(present) - 1)[byte.ravel()]
     column = inverse.reshape(size, len(words))
     flat = np.bincount(inverse, weights=np.tile(weights, size), minlength=len(cols))
     top = np.zeros((levels + 1, len(cols)))
@@ -430,7 +440,8 @@ def _suffix_rice(
     mean = total / np.maximum(left, 1.0) * math.log(2)
     centre = np.where(mean >= 1, np.floor(np.log2(np.maximum(mean, 1.0))), 0.0).astype(np.int64)
     centre = np.minimum(centre, 8 * size - 1)
-    ks = np.unique(np.clip(centre[:, None] + np.arange(-1, 2), 0, 8 * size - 1))
+    near = {min(max(c + d, 0), 8 * size - 1) for c in centre.tolist() for d in (-1, 0, 1)}
+    ks = np.array(sorted(near), dtype=np.int64)
     shifted = (words[None, :] >> ks.astype(np.uint64)[:, None]).astype(np.float64) * weights
     head = np.cumsum(shifted[:, :levels], axis=1)
     quotients = shifted.sum(axis=1)[:, None] - np.concatenate(
