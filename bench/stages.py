@@ -48,14 +48,15 @@ def encode_chunk(clock: Clock, b: np.ndarray[Any, Any], t: np.ndarray[Any, Any])
     h = new_hasher(2, b.nbytes)  # as the encoder's two workers hash: single-threaded
     clock("BLAKE3 of base and target", h.update, b.data.cast("B"))
     clock("BLAKE3 of base and target", h.update, t.data.cast("B"))
-    mask = clock("mask (base != target)", np.not_equal, b, t)
+    padded = clock("mask (base != target)", chunk._mask, b, t)
+    mask = padded[: len(b)]
     count = int(clock("mask (base != target)", np.count_nonzero, mask))
     if count == 0:
         return
     if count >= len(b) * chunk.BITMAP_DENSITY:
         payload = bitmap_chunk(clock, b, t, mask, count)
     else:
-        pos = clock("positions (flatnonzero)", np.flatnonzero, mask)
+        pos = clock("positions (flatnonzero)", chunk._mask_positions, padded, len(b), count)
         sampled = clock("transform pick (sample)", estimate.sample, pos)
         kind = clock("transform pick (sample)", chunk._pick_transform, b, t, sampled)
         bv = clock("values (gather + transform)", b.take, pos)

@@ -340,7 +340,7 @@ def test_bitmap_chunk_built_block_by_block_matches_reference(
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(chunk, "BLOCK_ELEMENTS", block)
-        kind, parts = chunk._sparse_payload(base, target, changed, len(pos))
+        kind, parts = chunk._sparse_payload(base, target, chunk._mask(base, target), len(pos))
     payload, _ = parts.v1()
     w = 8 * size
     values = [ref_transform(kind, int(base[i]), int(target[i]), w) for i in pos]
@@ -369,6 +369,29 @@ def test_transform_samples_are_changed_positions(ps: tuple[Any, int]) -> None:
             assert estimate.SAMPLE // 4 <= len(got) <= 4 * estimate.SAMPLE
         else:
             assert got.tolist() == pos.tolist()
+
+
+@given(
+    m=st.integers(1, 5_000),
+    density=st.sampled_from([0.0, 0.01, 1 / 25, 0.05, 0.0999, 0.1, 0.1001, 0.5, 1.0]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_mask_positions_are_the_changed_positions(m: int, density: float, seed: int) -> None:
+    """The mask and its positions, padded past the end in the 1/25-1/10 band or not,
+    are exactly base != target and its flatnonzero; the padding never shows."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 1 << 16, m, dtype=np.uint16)
+    target = base.copy()
+    changed = rng.random(m) < density
+    target[changed] ^= rng.integers(1, 1 << 16, int(changed.sum()), dtype=np.uint16)
+    padded = chunk._mask(base, target)
+    assert padded[:m].tolist() == changed.tolist()
+    padded[m:] = False  # unset room (np.empty): any set entry after the call is padding
+    got = chunk._mask_positions(padded, m, int(changed.sum()))
+    assert got.tolist() == np.flatnonzero(changed).tolist()
+    # Padding is appended exactly in the band.
+    c = int(changed.sum())
+    assert padded[m:].any() == (chunk.PAD_MIN_DENSITY * m <= c <= m / 10 and c > 0)
 
 
 @pytest.mark.parametrize("size", SIZES)
