@@ -636,9 +636,14 @@ def test_python_dash_m_entry_point() -> None:
     assert wrong.returncode == 2 and wrong.stderr.splitlines() == [
         "error: bad-argument: no case matches ['no/such/case']"
     ]
-    # An OS error after the run was a traceback through the old entry point.
+    # A report in a missing folder was an OS error after the run (a traceback through
+    # the old entry point, then a message naming the temporary file); it is now
+    # refused before any case runs.
     unwritable = run("run", "--filter", "reader/valid/host", "--vectors", str(VECTORS),
                      "--json-report", "/nonexistent-folder/r.json")  # fmt: skip
     assert unwritable.returncode == 1
-    assert unwritable.stderr.splitlines()[0].startswith("error: io-error: cannot create a file")
-    assert len(unwritable.stderr.splitlines()) == 1
+    assert unwritable.stderr.splitlines() == [
+        "error: io-error: /nonexistent-folder/r.json: its folder /nonexistent-folder does "
+        "not exist: nothing was written; create it or choose another output path"
+    ]
+    assert unwritable.stdout == ""

@@ -230,6 +230,30 @@ def test_a_delta_made_by_diff_is_sniffed_as_one(folder: Path) -> None:
     assert filekind.sniff(head, (folder / "d.wdelta").stat().st_size) == filekind.WDELTA
 
 
+@pytest.mark.usefixtures("untouched")
+@pytest.mark.parametrize("where", ["missing/out.safetensors", "base.safetensors/out"])
+def test_an_output_in_a_missing_folder_is_refused_before_reading(
+    folder: Path, tmp_path: Path, where: str
+) -> None:
+    """A mistyped -o: a folder that does not exist, or a file where the folder goes."""
+    (tmp_path / "base.safetensors").write_bytes(b"a file, not a folder")
+    out = tmp_path / where
+    what = "is not a folder" if where.startswith("base") else "does not exist"
+    expected = f"{out}: its folder {out.parent} {what}: nothing was written; "
+    for argv in (
+        ("diff", folder / "base.safetensors", folder / "target.safetensors", "-o", out),
+        ("apply", folder / "base.safetensors", folder / "d.wdelta", "-o", out),
+    ):
+        result = run(*argv)
+        assert_error(result, "io-error")  # as a missing input is
+        assert expected in result.stderr, result.stderr
+    with pytest.raises(WdeltaError, match="choose another output path") as info:
+        wdelta.apply(folder / "base.safetensors", folder / "d.wdelta", out)
+    assert info.value.category == "io-error"
+    assert not (tmp_path / "missing").exists()
+    (tmp_path / "base.safetensors").unlink()  # for the fixture's leftover check
+
+
 def test_a_file_where_a_folder_goes(folder: Path) -> None:
     result = run("chain", "log", folder / "base.safetensors")
     assert_error(result, "not-found")

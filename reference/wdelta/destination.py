@@ -7,7 +7,9 @@ not be ``-`` (outputs are written under a temporary name and renamed, which
 standard output cannot be), an existing device, FIFO or socket, nor a symlink
 (renaming over it would replace the link, not the file it names).  An
 existing output is refused unless the caller passes ``overwrite`` (``--force``);
-an empty folder counts as absent.  All of these are ``bad-argument``.
+an empty folder counts as absent.  All of these are ``bad-argument``.  Its folder
+must exist: a missing one is ``io-error``, as a missing input is, but refused
+before anything is read.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import BadArgumentError
+from .errors import BadArgumentError, StorageError
 
 _Identity = tuple[int, int]
 
@@ -66,6 +68,19 @@ def check_kind(out: Path) -> None:
         )
 
 
+def _check_folder(out: Path) -> None:
+    """Refuse an output whose folder is missing or is a file (a mistyped ``-o``):
+    StorageError before anything is read, not once the output is written."""
+    folder = out.parent
+    if folder.is_dir():
+        return
+    if os.path.lexists(folder):
+        why = "is not a folder: nothing was written; choose another output path"
+    else:
+        why = "does not exist: nothing was written; create it or choose another output path"
+    raise StorageError(f"{out}: its folder {folder} {why}")
+
+
 def _check_inputs(out: Path, inputs: Iterable[Path]) -> None:
     out_id = _identity(out.stat()) if out.is_file() else None
     for path in inputs:
@@ -84,7 +99,9 @@ def _check_inputs(out: Path, inputs: Iterable[Path]) -> None:
 
 
 def check_output(out: Path, inputs: Iterable[Path], *, overwrite: bool) -> None:
-    """Refuse ``out`` (BadArgumentError) for any reason of the module doc."""
+    """Refuse ``out`` for any reason of the module doc (BadArgumentError; StorageError
+    for a missing folder)."""
+    _check_folder(out)
     check_kind(out)
     _check_inputs(out, list(inputs))
     if out.is_symlink():
