@@ -1,4 +1,4 @@
-"""The README's live-weights examples run as written (copy-paste runnable on CPU)."""
+"""The live-weights guides' examples run as written (copy-paste runnable on CPU)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,20 @@ import pytest
 
 pytest.importorskip("torch")
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
-def python_blocks(section: str) -> list[str]:
-    """The ```python blocks of the README section titled ``section``."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index(f"\n## {section}\n")
-    end = text.find("\n## ", start + 1)
-    return re.findall(r"```python\n(.*?)```", text[start:end], re.S)
+def python_blocks(guide: str) -> list[str]:
+    """The ```python blocks of ``docs/<guide>``, in order."""
+    return re.findall(r"```python\n(.*?)```", (DOCS / guide).read_text(encoding="utf-8"), re.S)
 
 
-@pytest.mark.parametrize("section", ["In a training loop", "For inference engines"])
-def test_section_examples_run(tmp_path: Path, section: str) -> None:
-    blocks = python_blocks(section)
-    assert blocks, f"no python example in {section!r}"
+@pytest.mark.parametrize(("guide", "count"), [("training.md", 2), ("live-weights.md", 1)])
+def test_guide_examples_run(tmp_path: Path, guide: str, count: int) -> None:
+    """Every example of the guide, in one folder and in order (a node follows the chain
+    the trainer's example published)."""
+    blocks = python_blocks(guide)
+    assert len(blocks) == count, f"{guide}: {len(blocks)} python examples"
     for i, code in enumerate(blocks):
         (tmp_path / f"ex{i}.py").write_text(code, encoding="utf-8")
         subprocess.run([sys.executable, f"ex{i}.py"], cwd=tmp_path, check=True, timeout=300)
