@@ -218,7 +218,7 @@ def test_pull_refuses_a_rollback_after_a_restart(
     with pytest.raises(chain.ManifestInvalidError) as info:
         chain.pull(store, local)  # a new process: a new Chain, the state from disk
     assert "head revision 3 is lower than revision 4" in str(info.value)
-    assert f"--accept-rollback (accept_rollback=True) or delete {state}" in str(info.value)
+    assert f"pull once with accept_rollback=True or delete {state}" in str(info.value)
     assert local.read_bytes() == ckpts[2].read_bytes() and state.read_bytes() == saved
     assert chain.pull(store, local, state=False).revision == 3  # no state: no protection
     moved = tmp_path / "moved-store"
@@ -266,7 +266,9 @@ def test_cli_pull_rollback_refusal_and_override(
     refused = cli("pull", store, local)
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr.startswith("error: manifest-invalid: storage rolled back: ")
-    assert refused.stderr.count("\n") == 1 and "--accept-rollback" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+    assert "pull once with --accept-rollback or delete" in refused.stderr
+    assert "accept_rollback" not in refused.stderr  # the CLI names its flag, not the keyword
     assert local.read_bytes() == ckpts[2].read_bytes()
     ok = cli("pull", store, local, "--accept-rollback")
     assert ok.returncode == 0 and "(revision 3," in ok.stdout
@@ -304,6 +306,7 @@ def test_follow_killed_and_restarted_refuses_the_rollback(
     lines = again.stderr.splitlines()
     assert again.returncode == 1 and len(lines) == 2, again.stderr
     assert lines[0].startswith("pull failed: manifest-invalid: storage rolled back: ")
+    assert "--accept-rollback" in lines[0] and "accept_rollback" not in lines[0]
     assert lines[1].startswith("error: manifest-invalid: storage rolled back: head revision 2 "
                                "is lower than revision 4")  # fmt: skip
     assert local.read_bytes() == ckpts[3].read_bytes()

@@ -75,7 +75,7 @@ def untouched(folder: Path, tmp_path: Path) -> object:
 # (CLI arguments with {f} for the folder, category, words the message must hold)
 CASES = [
     ("apply {f}/d.wdelta {f}/d.wdelta", "checkpoint-invalid",
-     "d.wdelta is a wdelta delta, not a checkpoint: usage: wdelta apply BASE DELTA -o OUT"),
+     "d.wdelta is a wdelta delta, not a checkpoint"),
     ("diff {f}/d.wdelta {f}/target.safetensors", "checkpoint-invalid",
      "d.wdelta is a wdelta delta, not a checkpoint"),
     ("apply {f}/lfs.safetensors {f}/d.wdelta", "checkpoint-invalid",
@@ -91,7 +91,7 @@ CASES = [
     ("apply {f}/nothing {f}/d.wdelta", "checkpoint-invalid",
      "nothing is a folder with no .safetensors file"),
     ("apply {f}/base.safetensors {f}/target.safetensors", "bad-magic",
-     "target.safetensors is a safetensors checkpoint, not a wdelta delta: usage: wdelta apply"),
+     "target.safetensors is a safetensors checkpoint, not a wdelta delta"),
     ("apply {f}/base.safetensors {f}/lfs.safetensors", "bad-magic",
      "lfs.safetensors is a Git LFS pointer, not the file: run `git lfs pull`"),
     ("apply {f}/base.safetensors {f}/page.safetensors", "bad-magic",
@@ -137,6 +137,69 @@ def test_api_explains(folder: Path, tmp_path: Path, argv: str, category: str, wo
             wdelta.apply(a, b, tmp_path / "out", reverse=reverse)
     assert info.value.category == category
     assert words in str(info.value)
+
+
+# A file of the other kind: the message names it and gives the usage of the command run
+# (CLI arguments with {f} for the folder, category, the message after "error: CATEGORY: ").
+MIX_UPS = [
+    ("diff {f}/d.wdelta {f}/target.safetensors -o {o}", "checkpoint-invalid",
+     "{f}/d.wdelta is a wdelta delta, not a checkpoint: usage: wdelta diff BASE TARGET -o OUT"),
+    ("diff {f}/base.safetensors {f}/d.wdelta -o {o}", "checkpoint-invalid",
+     "{f}/d.wdelta is a wdelta delta, not a checkpoint: usage: wdelta diff BASE TARGET -o OUT"),
+    ("apply {f}/d.wdelta {f}/d.wdelta -o {o}", "checkpoint-invalid",
+     "{f}/d.wdelta is a wdelta delta, not a checkpoint: usage: wdelta apply BASE DELTA -o OUT"),
+    ("apply {f}/base.safetensors {f}/target.safetensors -o {o}", "bad-magic",
+     "{f}/target.safetensors is a safetensors checkpoint, not a wdelta delta: "
+     "usage: wdelta apply BASE DELTA -o OUT"),
+    ("apply {f}/base.safetensors {f}/sharded/model.safetensors.index.json -o {o}", "bad-magic",
+     "{f}/sharded/model.safetensors.index.json is the index of a sharded checkpoint, not a "
+     "wdelta delta: usage: wdelta apply BASE DELTA -o OUT"),
+    ("apply {f}/base.safetensors {f}/nothing -o {o}", "io-error",
+     "{f}/nothing is a folder; a delta is one .wdelta file: usage: wdelta apply BASE DELTA -o OUT"),
+    ("verify {f}/target.safetensors", "bad-magic",
+     "{f}/target.safetensors is a safetensors checkpoint, not a wdelta delta: "
+     "usage: wdelta verify DELTA [--base BASE]"),
+    ("verify {f}/d.wdelta --base {f}/d.wdelta", "checkpoint-invalid",
+     "{f}/d.wdelta is a wdelta delta, not a checkpoint: usage: wdelta verify DELTA [--base BASE]"),
+    ("inspect {f}/target.safetensors", "bad-magic",
+     "{f}/target.safetensors is a safetensors checkpoint, not a wdelta delta: "
+     "usage: wdelta inspect DELTA"),
+    ("inspect {f}/nothing", "io-error",
+     "{f}/nothing is a folder; a delta is one .wdelta file: usage: wdelta inspect DELTA"),
+    ("chain append {o} {f}/d.wdelta --base {f}/base.safetensors", "checkpoint-invalid",
+     "{f}/d.wdelta is a wdelta delta, not a checkpoint: "
+     "usage: wdelta chain append URL CHECKPOINT --base BASE"),
+]  # fmt: skip
+
+
+@pytest.mark.usefixtures("untouched")
+@pytest.mark.parametrize(("argv", "category", "line"), MIX_UPS, ids=[c[0][:24] for c in MIX_UPS])
+def test_cli_mix_up_gives_the_usage_of_the_command_run(
+    folder: Path, tmp_path: Path, argv: str, category: str, line: str
+) -> None:
+    out = tmp_path / "out"
+    result = run(*argv.format(f=folder, o=out).split())
+    assert_error(result, category)
+    assert result.stderr == f"error: {category}: {line.format(f=folder)}\n"
+
+
+def test_api_mix_up_has_no_cli_usage(folder: Path, tmp_path: Path) -> None:
+    """A Python caller is told what the file is; a command's usage would mislead it."""
+    with pytest.raises(WdeltaError) as info:
+        wdelta.diff(folder / "d.wdelta", folder / "target.safetensors", tmp_path / "out")
+    assert str(info.value) == f"{folder}/d.wdelta is a wdelta delta, not a checkpoint"
+    assert info.value.mixed_up
+    with pytest.raises(WdeltaError) as info:
+        wdelta.verify(folder / "base.safetensors")
+    assert info.value.category == "bad-magic" and "usage" not in str(info.value)
+
+
+def test_other_impostors_get_no_usage(folder: Path, tmp_path: Path) -> None:
+    """An LFS pointer is not a mix-up of arguments: its own remedy, no usage line."""
+    result = run("apply", folder / "base.safetensors", folder / "lfs.safetensors", "-o",
+                 tmp_path / "out")  # fmt: skip
+    assert_error(result, "bad-magic")
+    assert result.stderr.endswith("not the file: run `git lfs pull`\n"), result.stderr
 
 
 def test_inspect_and_verify_name_the_file(folder: Path) -> None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import wdelta
-from test_cli import run
+from test_cli import ENV, run
 from wdelta.chain.manifest import MANIFEST_VERSION
 from wdelta.header import FORMAT_VERSION
 
@@ -72,3 +73,35 @@ def test_an_option_without_a_command_is_one_error_line() -> None:
     result = run("--quiet")
     assert result.returncode == 2
     assert re.fullmatch(r"error: bad-argument: [^\n]+\n", result.stderr)
+
+
+# Import names of the optional dependencies whose distribution name differs.
+_MODULE_OF = {"pytest-xdist": "xdist"}
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is Python 3.11+")
+def test_demo_needs_only_the_runtime_dependencies(tmp_path: Path) -> None:
+    """``./scripts/demo`` installs the package without extras: the demo must run with
+    every optional dependency (torch, the test and bench tools) unimportable."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = {
+        re.split(r"[\[<>=]", requirement)[0]
+        for extra in project["optional-dependencies"].values()
+        for requirement in extra
+    }
+    blocked = sorted(_MODULE_OF.get(n, n.replace("-", "_")) for n in names)
+    assert "torch" in blocked and "pytest" in blocked
+    code = (
+        "import sys\n"
+        f"sys.modules.update(dict.fromkeys({blocked!r}))\n"  # None: ImportError on import
+        "from wdelta.demo import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "--elements", "300000", "--dir", str(tmp_path)],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"rebuilt == target \(sha256\) +yes", result.stdout), result.stdout

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from . import api, interrupts
 from ._version import CHAIN_MANIFEST_VERSION, CONFORMANCE_SUITE_VERSION, __version__
 from .checkpoint.source import open_checkpoint
+from .cli_flags import in_flags
 from .container import open_delta
 from .errors import BadArgumentError, InternalError, StorageError, WdeltaError
 from .header import FORMAT_VERSION
@@ -165,6 +166,7 @@ def _level(text: str) -> int | None:
 
 
 _CHAIN_HELP = "publish and sync chains of deltas"
+_CHECKPOINT_HELP = "{}: a .safetensors file, or a folder holding a sharded checkpoint"
 _CONFORMANCE_HELP = "run the conformance suite against an implementation"
 
 
@@ -227,11 +229,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """
     parser = _Parser(prog="wdelta", description="Bit-exact weight deltas between checkpoints.")
     parser.add_argument("--version", action=_VersionAction)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
+        title="commands", help="`wdelta COMMAND --help` describes each",
+    )  # fmt: skip
     p = sub.add_parser("diff", help="encode the delta BASE -> TARGET")
-    p.add_argument("base")
-    p.add_argument("target")
-    p.add_argument("-o", "--output", required=True, help="the .wdelta file to write")
+    p.add_argument("base", metavar="BASE", help=_CHECKPOINT_HELP.format("the older checkpoint"))
+    p.add_argument("target", metavar="TARGET", help=_CHECKPOINT_HELP.format("the newer one"))
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="the .wdelta file to write")  # fmt: skip
     p.add_argument("--level", type=_level, default=None,
                    help="zstd level -7..22 or auto (default: SPEC 11.2)")  # fmt: skip
     p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
@@ -245,26 +251,30 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=_cmd_diff)
     p = sub.add_parser("apply", help="rebuild the target from BASE and DELTA")
-    p.add_argument("base")
-    p.add_argument("delta")
-    p.add_argument("-o", "--output", required=True, help="output file (folder if sharded)")
+    base_help = _CHECKPOINT_HELP.format("the delta's base (its target with --reverse)")
+    p.add_argument("base", metavar="BASE", help=base_help)
+    p.add_argument("delta", metavar="DELTA", help="the .wdelta file to apply")
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="the checkpoint to write (a folder if sharded)")  # fmt: skip
     p.add_argument("--reverse", action="store_true", help="BASE is the target; rebuild the base")
     _add_force(p)
     _add_common(p)
     p.set_defaults(func=_cmd_apply)
     p = sub.add_parser("inspect", help="summarise a delta")
-    p.add_argument("delta")
+    p.add_argument("delta", metavar="DELTA", help="the .wdelta file to describe")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_inspect, quiet=True)
     p = sub.add_parser("verify", help="check integrity (and that it applies to --base)")
-    p.add_argument("delta")
-    p.add_argument("--base", default=None)
-    p.add_argument("--target", default=None, help="the delta's target (with --strict-writer)")
+    p.add_argument("delta", metavar="DELTA", help="the .wdelta file to check")
+    p.add_argument("--base", default=None, metavar="BASE",
+                   help="also apply the delta to this checkpoint, writing nothing")  # fmt: skip
+    p.add_argument("--target", default=None, metavar="TARGET",
+                   help="the delta's target (with --strict-writer)")  # fmt: skip
     p.add_argument("--strict-writer", action="store_true",
                    help="also check the writer requirements W1-W6 of SPEC 11.1 (needs --base "
                    "and --target)")  # fmt: skip
     _add_common(p)
-    p.set_defaults(func=_cmd_verify)
+    p.set_defaults(func=_cmd_verify, synopsis="wdelta verify DELTA [--base BASE]")
     _add_conformance(sub, command == "conformance")
     _add_chain(sub, command == "chain")
     return parser
@@ -278,16 +288,20 @@ def run(argv: Sequence[str] | None = None) -> int:
     words = [a for a in argv if not a.startswith("-")]
     command = words[0] if words else None
     keep_chunk_buffers()
+    parser, args = None, None
     try:
         with interrupts.as_exceptions():
+            parser = build_parser(command)
             if argv == words and words in ([], ["chain"], ["conformance"]):
                 # A command with nothing to do is a request for usage, as with git.
-                print(_subcommand_help(build_parser(command), words), end="", file=sys.stderr)
+                print(_subcommand_help(parser, words), end="", file=sys.stderr)
                 return 2
-            args = build_parser(command).parse_args(argv)
+            args = parser.parse_args(argv)
             func: Callable[[argparse.Namespace], int] = args.func
             return func(args)
     except WdeltaError as exc:
+        if exc.mixed_up and parser is not None and args is not None:
+            exc.message += f": usage: {synopsis(parser, args)}"
         return _fail(exc)
     except BrokenPipeError:
         # The reader of our output went away (`wdelta inspect ... | head`):
@@ -317,8 +331,31 @@ def _unexpected(exc: Exception) -> InternalError:
     )
 
 
+def synopsis(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The short usage of the command ``args`` was parsed for: its ``synopsis`` default
+    if it sets one, else its name, positional arguments and required options
+    (``wdelta apply BASE DELTA -o OUT``)."""
+    while True:
+        subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subcommands:
+            break
+        parser = subcommands[0].choices[getattr(args, subcommands[0].dest)]
+    given: str | None = getattr(args, "synopsis", None)
+    if given is not None:
+        return given
+    words = [parser.prog]
+    words += [str(a.metavar or a.dest.upper()) for a in parser._actions if not a.option_strings]
+    words += [
+        f"{a.option_strings[0]} {a.metavar or a.dest.upper()}"
+        for a in parser._actions
+        if a.option_strings and a.required
+    ]
+    return " ".join(words)
+
+
 def _fail(exc: WdeltaError) -> int:
-    message = printable(" ".join(str(exc).split()))
+    # Library messages name options as the API spells them; the CLI user types flags.
+    message = printable(" ".join(in_flags(str(exc)).split()))
     print(f"error: {exc.category}: {message}", file=sys.stderr)
     return 2 if isinstance(exc, BadArgumentError) else 1
 

@@ -29,7 +29,7 @@ from .errors import (
     UnsupportedVersionError,
     WdeltaError,
 )
-from .filekind import USAGE_APPLY, WDELTA_MAGIC, naming, not_a_delta, sniff_fd
+from .filekind import WDELTA_MAGIC, delta_refusal, folder_refusal, naming, sniff_fd
 from .header import FORMAT_VERSION, Chunk, Header, entries_json, parse_header
 
 MAGIC = WDELTA_MAGIC
@@ -121,8 +121,7 @@ def _read_header(fd: int, path: Path) -> tuple[Header, int, int]:
     size = os.fstat(fd).st_size
     prefix = os.pread(fd, PREFIX_SIZE, 0)
     if size == 0 or prefix[:8] != MAGIC[: len(prefix[:8])]:
-        mistake = not_a_delta(path, sniff_fd(fd, path))
-        raise (TruncatedError if size == 0 else BadMagicError)(mistake)
+        raise delta_refusal(path, sniff_fd(fd, path))
     n, digest, d = parse_prefix(prefix, size)
     header_bytes = bytearray(n)
     pread_into(fd, memoryview(header_bytes), PREFIX_SIZE, f"{path}: header")
@@ -135,7 +134,7 @@ def open_delta(path: str | os.PathLike[str]) -> DeltaFile:
     """Open a delta file and validate its prefix and header (not its blobs)."""
     p = as_path(path, "delta")
     if p.is_dir():
-        raise StorageError(f"{p} is a folder; a delta is one .wdelta file: {USAGE_APPLY}")
+        raise folder_refusal(p)
     if p.exists() and not p.is_file():
         raise StorageError(f"{p} is not a regular file")
     try:

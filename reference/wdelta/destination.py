@@ -121,5 +121,5 @@ def exists_error(out: Path) -> BadArgumentError:
     """The refusal of an existing output."""
     return BadArgumentError(
         f"{out} exists: nothing was written; remove it, choose another output or pass "
-        "--force (overwrite=True in Python) to replace it"
+        "overwrite=True to replace it"
     )

@@ -392,10 +392,10 @@ def _check_header_size(header: bytes, plans: list[_Plan], opts: DiffOptions) -> 
     chunks = sum(len(p.chunks) for p in plans)
     remedy = []
     if not opts.compact:
-        remedy.append("write the compact header form (without --compat, compact=True), "
+        remedy.append("write the compact header form (compact=True), "
                       "about half the bytes per tensor")  # fmt: skip
     if chunks > 2 * len(plans):
-        remedy.append("use larger chunks (--chunk-elements)")
+        remedy.append("use larger chunks (chunk_elements=N)")
     remedy.append("or split the checkpoint and diff its parts separately")
     raise LimitExceededError(
         f"the header would be {len(header):,} bytes for {len(plans):,} tensors "

@@ -13,6 +13,10 @@ class WdeltaError(Exception):
     """Base class of every error raised by wdelta."""
 
     category = "error"
+    #: True when the file is of the other kind (a delta where a checkpoint goes,
+    #: a checkpoint or a folder where a delta goes): the CLI then adds the usage
+    #: of the command that was run, which the library cannot know.
+    mixed_up = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

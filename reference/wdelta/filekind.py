@@ -16,12 +16,20 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
-from .errors import StorageError, WdeltaError
+from .errors import (
+    BadMagicError,
+    CheckpointInvalidError,
+    StorageError,
+    TruncatedError,
+    WdeltaError,
+)
+
+E = TypeVar("E", bound=WdeltaError)
 
 SNIFF_BYTES = 512
 WDELTA_MAGIC = b"\x89WDELTA\n"
-USAGE_APPLY = "usage: wdelta apply BASE DELTA -o OUT"
 
 EMPTY, WDELTA, SAFETENSORS, LFS_POINTER, HTML, INDEX, JSON, ZIP, OTHER = (
     "empty", "wdelta", "safetensors", "lfs-pointer", "html", "index", "json", "zip", "other",
@@ -71,28 +79,44 @@ _ALWAYS = {
 }
 
 
-def not_a_checkpoint(path: Path, kind: str) -> str | None:
+def checkpoint_refusal(path: Path, kind: str) -> CheckpointInvalidError | None:
     """Why ``path`` of ``kind`` cannot be a safetensors checkpoint (None: no idea)."""
     reasons = {
         **_ALWAYS,
-        WDELTA: f"is a wdelta delta, not a checkpoint: {USAGE_APPLY}",
+        WDELTA: "is a wdelta delta, not a checkpoint",
         INDEX: "is the index of a sharded checkpoint: pass the folder, not its index",
         JSON: "is a JSON file, not a safetensors {want}",
     }
     reason = reasons.get(kind)
-    return None if reason is None else f"{path} " + reason.format(want="checkpoint")
+    if reason is None:
+        return None
+    return _mixed_up(CheckpointInvalidError(f"{path} " + reason.format(want="checkpoint")),
+                     kind == WDELTA)  # fmt: skip
 
 
-def not_a_delta(path: Path, kind: str) -> str:
-    """Why ``path`` of ``kind`` is not a wdelta delta."""
+def delta_refusal(path: Path, kind: str) -> WdeltaError:
+    """Why ``path`` of ``kind`` is not a wdelta delta (``truncated`` if empty, else
+    ``bad-magic``)."""
     reasons = {
         **_ALWAYS,
-        SAFETENSORS: f"is a safetensors checkpoint, not a wdelta delta: {USAGE_APPLY}",
-        INDEX: "is the index of a sharded checkpoint, not a wdelta delta: " + USAGE_APPLY,
+        SAFETENSORS: "is a safetensors checkpoint, not a wdelta delta",
+        INDEX: "is the index of a sharded checkpoint, not a wdelta delta",
         JSON: "is a JSON file, not a {want}",
     }
     reason = reasons.get(kind, "is not a {want} (it does not start with the wdelta magic bytes)")
-    return f"{path} " + reason.format(want="wdelta delta")
+    error = TruncatedError if kind == EMPTY else BadMagicError
+    message = f"{path} " + reason.format(want="wdelta delta")
+    return _mixed_up(error(message), kind in (SAFETENSORS, INDEX))
+
+
+def folder_refusal(path: Path) -> StorageError:
+    """A folder given where a delta (one file) goes."""
+    return _mixed_up(StorageError(f"{path} is a folder; a delta is one .wdelta file"), True)
+
+
+def _mixed_up(exc: E, mixed_up: bool) -> E:
+    exc.mixed_up = mixed_up
+    return exc
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ FORMAT = "wdelta-chain-accepted"
 MAX_STATE_BYTES = 1 << 16
 REMEDY = (
     "if the chain was rolled back or rewritten deliberately, pull once with "
-    "--accept-rollback (accept_rollback=True) or delete {path}"
+    "accept_rollback=True or delete {path}"
 )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import temp_dir
+from ..cli_flags import in_flags
 from ..errors import BadArgumentError, WdeltaError
 from ..terminal import printable
 from . import acceptance, ops
@@ -208,7 +209,8 @@ def _report(args: argparse.Namespace, r: PullResult) -> None:
 
 def _retrying(exc: WdeltaError, delay: float) -> None:
     """One line per failed poll of ``pull --follow`` (the node keeps its version)."""
-    print(f"pull failed: {exc.category}: {exc}; retrying in {delay:.1f} s", file=sys.stderr)
+    message = in_flags(str(exc))
+    print(f"pull failed: {exc.category}: {message}; retrying in {delay:.1f} s", file=sys.stderr)
 
 
 _UNAUTHENTICATED = "warning: no trust policy (--trust ROOT): revisions are not authenticated"
@@ -361,7 +363,10 @@ def _writer_args(p: argparse.ArgumentParser) -> None:
 def register(subparsers: Any, help: str) -> None:
     """Add ``chain`` and its subcommands to the main CLI's subparsers."""
     chain = subparsers.add_parser("chain", help=help)
-    sub = chain.add_subparsers(dest="chain_command", required=True, parser_class=type(chain))
+    sub = chain.add_subparsers(
+        dest="chain_command", required=True, parser_class=type(chain), metavar="COMMAND",
+        title="commands", help="`wdelta chain COMMAND --help` describes each",
+    )  # fmt: skip
     _register_writers(sub)
     _register_readers(sub)
     from .signed_cli import register_signing

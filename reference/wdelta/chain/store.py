@@ -75,7 +75,7 @@ class Chain:
         self.trust = as_trust(trust)
         self.signers = list(sign or [])
         if self.signers and self.trust is None:
-            raise BadArgumentError("signing needs the chain's trust root (trust=, --trust)")
+            raise BadArgumentError("signing needs the chain's trust root (trust=ROOT)")
         self.sign_seconds = sign_seconds
         self.head_signers: list[str] = []  # key ids that signed the last head read
 

@@ -183,9 +183,9 @@ def _open_fd(path: Path) -> int:
 
 def read_file_layout(fd: int, path: Path) -> FileLayout:
     """Parse and validate the safetensors header of an open file, and its length."""
-    mistake = filekind.not_a_checkpoint(path, filekind.sniff_fd(fd, path))
+    mistake = filekind.checkpoint_refusal(path, filekind.sniff_fd(fd, path))
     if mistake is not None:
-        raise CheckpointInvalidError(mistake)
+        raise mistake
     size = os.fstat(fd).st_size
     if size < 8:
         raise CheckpointInvalidError(f"{path}: {size} bytes, too short for a safetensors file")

@@ -81,7 +81,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_subcommands(parser: argparse.ArgumentParser) -> None:
     """``conformance run`` under ``parser`` (used by the ``wdelta`` command too)."""
-    sub = parser.add_subparsers(dest="conformance_command", required=True)
+    sub = parser.add_subparsers(
+        dest="conformance_command", required=True, metavar="COMMAND", title="commands",
+        help="`wdelta conformance COMMAND --help` describes each",
+    )  # fmt: skip
     run = sub.add_parser("run", help="run the conformance suite against an implementation")
     add_run_arguments(run)
 

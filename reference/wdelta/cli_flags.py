@@ -1,0 +1,25 @@
+"""How the command line names the options that the Python API takes as keywords.
+
+Library messages name an option the way the API spells it (``overwrite=True``),
+since that is what a Python caller passes; the CLI prints every message through
+:func:`in_flags`, so that its users read the flag they would type (``--force``).
+"""
+
+from __future__ import annotations
+
+# API spelling in library messages -> the CLI's spelling of the same choice.
+API_TO_FLAG = {
+    "overwrite=True": "--force",
+    "accept_rollback=True": "--accept-rollback",
+    "compact=True": "without --compat",
+    "chunk_elements=N": "--chunk-elements N",
+    "trust=ROOT": "--trust ROOT",
+    "open the chain as chain.Chain(LOCATION, cache=FOLDER)": "pass --cache FOLDER",
+}
+
+
+def in_flags(message: str) -> str:
+    """``message`` with each API keyword of :data:`API_TO_FLAG` replaced by its flag."""
+    for keyword, flag in API_TO_FLAG.items():
+        message = message.replace(keyword, flag)
+    return message
