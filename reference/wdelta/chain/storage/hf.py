@@ -176,7 +176,11 @@ class HfStorage(Storage):
         except Exception as exc:
             raise self._fail(key, exc) from exc
         stored = self.stat(key)
-        return stored is not None and stored.size == len(data) and self.read(key) == data
+        return (
+            stored is not None
+            and stored.size == len(data)
+            and self.read(key, len(data) + 1) == data
+        )
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
