@@ -346,3 +346,26 @@ def test_a_planted_partial_download_is_replaced_not_followed(tmp_path: Path, kin
     assert r.returncode == 0, r.stderr
     assert node.read_bytes() == ckpts[2].read_bytes() and victim.read_bytes() == b"keep me"
     assert not (cache / "objects" / link.digest).is_symlink()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "a number"])
+def test_a_planted_pin_is_not_waited_on(tmp_path: Path, kind: str) -> None:
+    store, _, node = _history(tmp_path)
+    cache = tmp_path / "cache"
+    chain.pull(chain.Chain(store, cache), node)
+    pin = cache / "pins" / "1-planted.json"  # process 1 is alive: the pin is read
+    pin.parent.mkdir(exist_ok=True)
+    os.mkfifo(pin) if kind == "fifo" else pin.write_text("5")
+    r = wd("gc", store, "--cache", cache, "--max-bytes", "0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not any((cache / "objects").iterdir())
+
+
+def test_a_folder_planted_in_the_cache_is_replaced(tmp_path: Path) -> None:
+    store, ckpts, node = _history(tmp_path)
+    cache = tmp_path / "cache"
+    link = chain.Chain(store).head().links[-1]
+    (cache / "objects" / link.digest).mkdir(parents=True)
+    r = chain.pull(chain.Chain(store, cache), node)
+    assert r.downloaded == link.size and node.read_bytes() == ckpts[2].read_bytes()
+    assert (cache / "objects" / link.digest).is_file()
