@@ -112,6 +112,39 @@ def test_a_follower_keeps_serving_past_a_fifo(tmp_path: Path) -> None:
     assert s.node.read_bytes() == s.ckpts[1].read_bytes()
 
 
+@pytest.mark.parametrize(("command", "what"), [
+    (("verify", "{store}"), "delta"),
+    (("check", "{manifest}", "--store", "{store}"), "delta"),
+    (("check", "{manifest}", "--store", "{store}", "--trust", "{root}"), "signature"),
+    (("sign", "{store}", "--trust", "{root}", "--sign", "k.key"), "next root"),
+    (("append", "{store}", "{new}", "--base", "{base}", "--trust", "{root}", "--sign", "k.key"),
+     "next root"),
+])  # fmt: skip
+def test_every_command_reading_the_store_refuses_a_fifo(
+    tmp_path: Path, command: tuple[str, ...], what: str
+) -> None:
+    s = signed_chain(tmp_path)
+    s.publish()
+    target = _target(s, what)
+    _plant(s.store / target, "fifo")
+    assert wd("keygen", "k.key", cwd=tmp_path).returncode == 0
+    head = chain.Chain(s.store).revisions()[-1]
+    names = {"store": s.store, "root": s.root, "manifest": s.store / revision_key(head),
+             "new": s.next_checkpoint(), "base": s.ckpts[-2]}  # fmt: skip
+    before = sorted(p.relative_to(s.store) for p in s.store.rglob("*"))
+    r = wd(*(part.format(**names) for part in command), cwd=tmp_path)
+    _one_error_line(r, "io-error", target)
+    assert sorted(p.relative_to(s.store) for p in s.store.rglob("*")) == before
+
+
+def test_log_lists_a_fifo_signature_as_no_signature(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    s.publish()
+    _plant(s.store / _head_signature(s), "fifo")
+    r = wd("log", s.store, "--trust", s.root, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "revision 3 unsigned", r.stderr
+
+
 def test_local_reads_are_bounded_by_the_callers_limit(tmp_path: Path) -> None:
     st = chain.LocalStorage(tmp_path)
     (tmp_path / "k").write_bytes(b"x" * 11)
