@@ -402,3 +402,20 @@ def test_a_folder_planted_in_the_cache_is_replaced(tmp_path: Path) -> None:
     r = chain.pull(chain.Chain(store, cache), node)
     assert r.downloaded == link.size and node.read_bytes() == ckpts[2].read_bytes()
     assert (cache / "objects" / link.digest).is_file()
+
+
+@pytest.mark.parametrize("where", ["work folder", "cache objects"])
+def test_a_file_planted_in_place_of_a_folder(tmp_path: Path, where: str) -> None:
+    """The node's work folder is cleared; a cache it cannot use is one io-error line."""
+    store, ckpts, node = _history(tmp_path)
+    cache = tmp_path / "cache"
+    planted = work_dir(node) if where == "work folder" else cache / "objects"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_bytes(b"planted")
+    r = wd("pull", store, node, "--cache", cache, "--quiet", cwd=tmp_path)
+    if where == "work folder":
+        assert r.returncode == 0 and node.read_bytes() == ckpts[2].read_bytes(), r.stderr
+        assert not work_dir(node).exists()
+    else:
+        _one_error_line(r, "io-error", str(planted))
+        assert node.read_bytes() == ckpts[1].read_bytes()

@@ -115,6 +115,8 @@ class _Puller:
     def starts(self, assume: str | None) -> dict[int, Path]:
         found: dict[int, Path] = {}
         work = work_dir(self.local)
+        if not work.is_dir() and (work.exists() or work.is_symlink()):
+            _discard(work)  # a file (or dangling link) in the work folder's place: ours to clear
         for path in sorted(work.iterdir()) if work.is_dir() else []:
             v = self.m.by_digest(path.name)
             if v is None:
