@@ -419,3 +419,20 @@ def test_a_file_planted_in_place_of_a_folder(tmp_path: Path, where: str) -> None
     else:
         _one_error_line(r, "io-error", str(planted))
         assert node.read_bytes() == ckpts[1].read_bytes()
+
+
+def test_an_hf_answer_longer_than_the_range_is_refused() -> None:
+    """What the Hub backend can check itself: a range answered with more bytes."""
+    from test_chain_hf import FakeHub
+    from wdelta.chain.storage.hf import HfStorage, parse_hf_url
+
+    class Lying(FakeHub):
+        def cat_file(self, path: str, start: int, end: int) -> bytes:
+            return bytes(LIE)
+
+    hub = Lying(parse_hf_url("hf://me/model/c").fs_root)
+    st = HfStorage("hf://me/model/c", api=hub, fs=hub)
+    hub.files[f"{hub.root}/obj"] = bytes(300)
+    with pytest.raises(WdeltaError) as info:
+        st.read_range("obj", 0, 64)
+    assert info.value.category == "io-error" and "obj" in str(info.value)
