@@ -236,7 +236,7 @@ def assert_create_only(st: Storage) -> None:
     """``create`` writes a manifest revision once; a second create of the key loses."""
     assert st.create(MANIFEST_KEY, b"one") is True
     assert st.create(MANIFEST_KEY, b"two") is False
-    assert st.read(MANIFEST_KEY) == b"one"
+    assert st.read(MANIFEST_KEY, 3) == b"one"
     assert [o.key for o in st.list("manifests/")] == [MANIFEST_KEY]
 
 
@@ -245,7 +245,7 @@ def assert_delete_then_not_found(st: Storage, key: str) -> None:
     st.delete(key)
     st.delete(key)
     assert st.stat(key) is None
-    for call in (lambda: st.read(key), lambda: st.read_range("nope", 0, 1)):
+    for call in (lambda: st.read(key, 1), lambda: st.read_range("nope", 0, 1)):
         with pytest.raises(WdeltaError) as info:
             call()
         assert info.value.category == "not-found"

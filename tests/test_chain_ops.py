@@ -177,7 +177,7 @@ def test_interrupted_download_resumes(
     expect("io-error", chain.pull, flaky, local, to=3)
     assert not local.exists()
     new = {p.name for p in tmp_path.iterdir()} - {p.name for p in before}
-    assert new == {"n-cache", ".n.safetensors.wdelta-work"}
+    assert new == {"n-cache"}  # the first hop failed: no intermediate, no work folder
     parts = list((tmp_path / "n-cache" / "partial").iterdir())
     assert len(parts) == 1 and parts[0].stat().st_size == 50_000
     r = chain.pull(flaky, local, to=3)

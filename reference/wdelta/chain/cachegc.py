@@ -22,9 +22,12 @@ from pathlib import Path
 
 from ..arguments import check_optional_int
 from ..atomic import TMP_MARK, temp_name
-from ..errors import BadArgumentError, StorageError
+from ..errors import BadArgumentError, StorageError, WdeltaError
 from .manifest import Manifest
+from .smallfile import read_regular
 from .store import Chain
+
+MAX_PIN_BYTES = 1 << 24  # a pin lists a plan's file digests, ~70 bytes each
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,11 @@ def pinned(cache: Path) -> set[str]:
         if pid.isdigit() and not _alive(int(pid)):
             path.unlink(missing_ok=True)
             continue
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            out.update(str(d) for d in json.loads(path.read_text()))
+        with contextlib.suppress(FileNotFoundError, ValueError, TypeError, WdeltaError):
+            # Read without blocking or without end: a FIFO, a huge file or other JSON
+            # put in the cache pins nothing (and is not waited on).
+            data = read_regular(path, MAX_PIN_BYTES, StorageError)
+            out.update(str(d) for d in json.loads(data))
     return out
 
 

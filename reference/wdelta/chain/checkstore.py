@@ -89,7 +89,7 @@ def check_create_only(
         payloads = [f"writer {i} round {r}".encode() for i in range(writers)]
         winners = [i for i, won in enumerate(_race(clients, key, payloads)) if won]
         _expect(len(winners) == 1, f"round {r + 1}: {len(winners)} of {writers} creates won")
-        stored = clients[0].read(key)
+        stored = clients[0].read(key, max(map(len, payloads)) + 1)
         _expect(
             stored == payloads[winners[0]],
             f"round {r + 1}: writer {winners[0]} won but the key holds {stored[:40]!r}",
@@ -103,7 +103,7 @@ def _visible(st: Storage, prefix: str, key: str, data: bytes, how: str) -> None:
     _expect(info is not None, f"stat right after {how} does not find {key}")
     assert info is not None
     _expect(info.size == len(data), f"stat after {how}: {info.size} bytes, wrote {len(data)}")
-    _expect(st.read(key) == data, f"read right after {how} returns other bytes")
+    _expect(st.read(key, len(data) + 1) == data, f"read right after {how} returns other bytes")
     listed = {o.key: o.size for o in st.list(prefix)}
     _expect(key in listed, f"list right after {how} does not show {key}")
     _expect(listed[key] == len(data), f"list after {how}: {listed[key]} bytes")
@@ -125,7 +125,7 @@ def check_read_after_write(st: Storage, prefix: str, scratch: Path) -> str:
     _expect(st.stat(missing) is None, "stat finds a key never written")
     _expect(missing not in {o.key for o in st.list(prefix)}, "list shows a key never written")
     try:
-        st.read(missing)
+        st.read(missing, 1)
     except NotFoundError:
         pass
     else:

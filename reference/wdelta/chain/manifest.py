@@ -23,14 +23,21 @@ from .. import schemas, strictjson
 from .._version import CHAIN_MANIFEST_VERSION, __version__
 from ..arguments import as_path
 from ..digest import digest_bytes
-from ..errors import BadArgumentError, UnsupportedFeatureError, UnsupportedVersionError
+from ..errors import (
+    BadArgumentError,
+    LimitExceededError,
+    UnsupportedFeatureError,
+    UnsupportedVersionError,
+)
 from . import graph
 from .errors import ChainBrokenError, ManifestInvalidError, NotFoundError
+from .smallfile import open_regular, read_bounded
 
 FORMAT = "wdelta-chain"
 MANIFEST_VERSION = CHAIN_MANIFEST_VERSION
 KNOWN_FEATURES: frozenset[str] = frozenset()
 MANIFEST_PREFIX = "manifests/"
+MAX_MANIFEST = 100_000_000  # bytes of one revision (SPEC.md §13), as a delta header
 _REV_DIGITS = 12
 # Shorter references are version numbers; a digest prefix this long is
 # practically never all decimal digits (p < 0.001).
@@ -322,7 +329,11 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Load and validate a manifest file from the local file system."""
     p = as_path(path, "path")
     try:
-        data = p.read_bytes()
+        fd = open_regular(p, lambda why: BadArgumentError(f"{p}: {why}"))
+        try:
+            data = read_bounded(fd, MAX_MANIFEST, lambda why: LimitExceededError(f"{p}: {why}"))
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise NotFoundError(f"cannot read {p}: {exc}") from exc
     return parse_manifest(data, expected_revision=revision_of_key(f"{MANIFEST_PREFIX}{p.name}"))

@@ -19,6 +19,7 @@ from .errors import ChainBrokenError, ConflictError, ManifestInvalidError
 from .fetch import fetch_link, materialize_snapshot
 from .local import checkpoint_files, digest_of_path
 from .manifest import (
+    MAX_MANIFEST,
     Link,
     Manifest,
     Snapshot,
@@ -177,7 +178,7 @@ def verify(
     m = chain.head()
     previous: tuple[int, bytes] | None = None
     for r in chain.revisions():
-        data = chain.storage.read(revision_key(r))
+        data = chain.storage.read(revision_key(r), MAX_MANIFEST)
         rev = parse_manifest(data, expected_revision=r)
         want = None if previous is None else (previous[0], digest_bytes(previous[1]))
         if want is not None and want[0] == r - 1 and rev.parent != want:

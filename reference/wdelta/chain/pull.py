@@ -22,7 +22,9 @@ routed around on the next polls when another path exists.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -113,11 +115,18 @@ class _Puller:
     def starts(self, assume: str | None) -> dict[int, Path]:
         found: dict[int, Path] = {}
         work = work_dir(self.local)
-        if work.is_dir():
-            for path in work.iterdir():
-                v = self.m.by_digest(path.name)
-                if v is not None:
-                    found[v.number] = path
+        if not work.is_dir() and (work.exists() or work.is_symlink()):
+            _discard(work)  # a file (or dangling link) in the work folder's place: ours to clear
+        for path in sorted(work.iterdir()) if work.is_dir() else []:
+            v = self.m.by_digest(path.name)
+            if v is None:
+                continue
+            # A partial node's intermediates are never reused: they hold only some
+            # tensors, which nothing the node has could check against the version.
+            if self.tensors is None and _is_version(path, v):
+                found[v.number] = path
+            else:  # planted or damaged: the work folder is the node's own, remove it
+                _discard(path)
         if self.local.exists():
             found[local_version(self.m, self.local, self.tensors, assume).number] = self.local
         return found
@@ -160,7 +169,26 @@ def _cached(chain: Chain, tensors: str | None) -> Callable[[str], bool]:
 
 
 def _discard(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    """Remove a file or folder (a symlink itself, never what it leads to)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _is_version(path: Path, v: Version) -> bool:
+    """Is the intermediate ``path`` version ``v``: a regular file, or a folder of
+    regular files, as a hop writes them (nothing a read could block on or that
+    leads elsewhere), whose checkpoint digest is ``v``'s?  An intermediate is
+    checked like a download (RD-2) before it is applied or installed.
+    """
+    files = [path] if not path.is_dir() or path.is_symlink() else list(path.iterdir())
+    if not all(stat.S_ISREG(f.lstat().st_mode) for f in files):
+        return False
+    try:
+        return digest_of_path(path) == v.digest
+    except WdeltaError:
+        return False  # not even a checkpoint
 
 
 def hop_files(hop: graph.Hop) -> set[str]:
@@ -169,6 +197,26 @@ def hop_files(hop: graph.Hop) -> set[str]:
         return {hop.link.digest}
     assert hop.snapshot is not None
     return {f.sha256 for f in hop.snapshot.files}
+
+
+def _hop_refetching(p: _Puller, hop: graph.Hop, current: Path | None) -> Path:
+    """``p.hop``; if it fails and a file it took from the cache no longer has its
+    digest, that file is removed and the hop runs once more, downloading it."""
+    try:
+        return p.hop(hop, current)
+    except WdeltaError:
+        if not _evict_corrupt(p.chain, hop):
+            raise
+    return p.hop(hop, current)
+
+
+def _evict_corrupt(chain: Chain, hop: graph.Hop) -> bool:
+    """Remove the hop's cached files whose bytes no longer match; True if any was."""
+    if hop.link is not None:
+        return chain.evict_if_corrupt(hop.link.digest, "blake3")
+    assert hop.snapshot is not None
+    evicted = [chain.evict_if_corrupt(f.sha256, "sha256") for f in hop.snapshot.files]
+    return any(evicted)
 
 
 def _plan(p: _Puller, starts: dict[int, Path], goal: Version) -> tuple[int, list[graph.Hop]]:
@@ -187,8 +235,12 @@ def _run(p: _Puller, goal: Version, assume: str | None) -> PullResult:
     starts = p.starts(assume)
     start, hops = _plan(p, starts, goal)
     assert p.chain.cache is not None
-    with cachegc.pin(p.chain.cache, {d for hop in hops for d in hop_files(hop)}):
-        return _apply_plan(p, goal, hops, starts.get(start))
+    try:
+        with cachegc.pin(p.chain.cache, {d for hop in hops for d in hop_files(hop)}):
+            return _apply_plan(p, goal, hops, starts.get(start))
+    finally:
+        with contextlib.suppress(OSError):  # a failed first hop leaves the folder empty
+            work_dir(p.local).rmdir()
 
 
 def _apply_plan(
@@ -196,7 +248,7 @@ def _apply_plan(
 ) -> PullResult:
     for hop in hops:
         try:
-            produced = p.hop(hop, current)
+            produced = _hop_refetching(p, hop, current)
         except (DeltaFormatError, ChainBrokenError):
             p.avoid |= hop_files(hop)  # this file failed verification: route around it
             raise

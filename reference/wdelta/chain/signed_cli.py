@@ -14,8 +14,8 @@ from ..digest import digest_bytes
 from ..errors import BadArgumentError, StorageError
 from ..terminal import printable
 from .errors import ConflictError, NotFoundError, SignatureInvalidError
-from .manifest import parse_manifest, revision_key, revision_of_key
-from .signing import generate, load_public_key, load_signing_key, write_json
+from .manifest import MAX_MANIFEST, parse_manifest, revision_key, revision_of_key
+from .signing import MAX_DOCUMENT, generate, load_public_key, load_signing_key, write_json
 from .storage import open_storage
 from .storage.base import Storage
 from .store import Chain
@@ -81,7 +81,7 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
         if new.version != last + 1:
             raise ConflictError(f"the chain's newest root is version {last}; {args.root} is "
                                 f"version {new.version}, not {last + 1}")  # fmt: skip
-        old = parse_root(storage.read(root_key(last)), root_key(last))
+        old = parse_root(storage.read(root_key(last), MAX_DOCUMENT), root_key(last))
         if old.chain != new.chain:
             raise SignatureInvalidError(f"{args.root} is a root of chain {new.chain!r}")
         check_signed_by(new, old, str(args.root))
@@ -102,7 +102,7 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     revision = args.revision or (revisions[-1] if revisions else 0)
     if revision not in revisions:
         raise NotFoundError(f"{args.url}: no revision {revision}")
-    data = c.storage.read(revision_key(revision))
+    data = c.storage.read(revision_key(revision), MAX_MANIFEST)
     m = parse_manifest(data, expected_revision=revision)
     trust.update(c.storage)
     expires = format_time(time.time() + args.expires_days * 86400.0)
@@ -137,7 +137,7 @@ def _found_signers(storage: Storage, digest: str) -> list[str]:
 def _signature_line(storage: Storage, trust: Trust | None, revision: int) -> str:
     """Who signed one stored revision: verified key ids with ``trust``, else those found;
     an unsigned or refused revision says so."""
-    data = storage.read(revision_key(revision))
+    data = storage.read(revision_key(revision), MAX_MANIFEST)
     found = _found_signers(storage, digest_bytes(data))
     if not found:
         return f"revision {revision} unsigned"

@@ -1,9 +1,11 @@
-"""Reading a node's small local files (trust roots, keys, acceptance state) safely.
+"""Reading files that may be anything, safely: a node's small local files (trust roots,
+keys, acceptance state) and the objects of a chain in a local folder.
 
-These files are named by operators and may be anything: a folder, a FIFO, a
-device, a huge file.  They are read through one open file: its kind and size
-are checked with ``fstat`` before reading, so a FIFO cannot hang the node and
-nothing larger than the limit is read into memory.
+A path is named by an operator, or written by whoever can write a chain's
+folder, and may be a folder, a FIFO, a device (``/dev/zero`` behind a symlink)
+or a huge file.  It is opened without blocking (so a FIFO cannot hang the
+node), its kind is checked with ``fstat`` on that open file, and a whole read
+takes at most the caller's limit (so nothing larger is read into memory).
 """
 
 from __future__ import annotations
@@ -15,13 +17,22 @@ from pathlib import Path
 
 from ..errors import StorageError, WdeltaError
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+          (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
 
-def read_regular(path: Path, limit: int, refuse: Callable[[str], WdeltaError]) -> bytes:
-    """All bytes of the regular file ``path``, at most ``limit`` of them.
+
+def kind_of(mode: int) -> str:
+    """Why a file of mode ``mode`` is refused, in words (``a FIFO, not a file``)."""
+    return next((name for test, name in _KINDS if test(mode)), "of another kind") + ", not a file"
+
+
+def open_regular(path: Path, refuse: Callable[[str], WdeltaError]) -> int:
+    """A read-only descriptor of the regular file ``path``.
 
     A missing file raises FileNotFoundError (the caller says what absence
-    means); another OS error is StorageError; a folder, FIFO, device or a file
-    over ``limit`` bytes raises ``refuse(reason)``.
+    means); another OS error is StorageError; anything but a regular file
+    raises ``refuse(kind_of(mode))``.  Symlinks are followed: the file they lead
+    to is what is checked.
     """
     try:
         # O_NONBLOCK: opening a FIFO put in the file's place must not block.
@@ -31,14 +42,42 @@ def read_regular(path: Path, limit: int, refuse: Callable[[str], WdeltaError]) -
     except OSError as exc:
         raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise refuse("a folder" if stat.S_ISDIR(info.st_mode) else "not a file")
-        if info.st_size > limit:
-            raise refuse(f"{info.st_size} bytes, at most {limit} expected")
-        data = b"".join(iter(lambda: os.read(fd, limit + 1), b""))
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        os.close(fd)
+        raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise refuse(kind_of(mode))
+    return fd
+
+
+def read_bounded(fd: int, limit: int, refuse: Callable[[str], WdeltaError]) -> bytes:
+    """All bytes of the open regular file ``fd``, or ``refuse(why)`` past ``limit``.
+
+    The size is checked before reading and the read stops one byte past the
+    limit, so a file that grows meanwhile is refused too.
+    """
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise refuse(f"{size} bytes, at most {limit} expected")
+    parts, have = [], 0
+    while have <= limit and (block := os.read(fd, limit + 1 - have)):
+        parts.append(block)
+        have += len(block)
+    if have > limit:
+        raise refuse(f"over {limit} bytes")
+    return b"".join(parts)
+
+
+def read_regular(path: Path, limit: int, refuse: Callable[[str], WdeltaError]) -> bytes:
+    """All bytes of the regular file ``path``, at most ``limit`` of them.
+
+    A missing file raises FileNotFoundError; another OS error is StorageError;
+    a folder, FIFO, device or a file over ``limit`` bytes raises ``refuse(reason)``.
+    """
+    fd = open_regular(path, refuse)
+    try:
+        return read_bounded(fd, limit, refuse)
     finally:
         os.close(fd)
-    if len(data) > limit:
-        raise refuse(f"over {limit} bytes")
-    return data

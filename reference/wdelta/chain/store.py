@@ -9,7 +9,10 @@ they have already seen.
 
 Downloads land in ``<cache>/partial/`` (kept across interruptions and
 continued with ranged reads), are checked against the manifest's digest and
-only then moved to ``<cache>/objects/<digest>``: a cached file is verified.
+only then moved to ``<cache>/objects/<digest>``: a cached file is verified
+when it is stored.  It can still be damaged later (a disk, or anyone who can
+write the cache): a use that fails on it checks its digest again, and a bad
+file is removed (``evict_if_corrupt``) so that it is downloaded once more.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import hashlib
 import os
 import random
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +32,14 @@ from ..arguments import PathLike, as_path
 from ..digest import digest_bytes
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError
 from .errors import ConflictError, ManifestInvalidError, NotFoundError
-from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
+from .manifest import (
+    MANIFEST_PREFIX,
+    MAX_MANIFEST,
+    Manifest,
+    parse_manifest,
+    revision_key,
+    revision_of_key,
+)
 from .signing import SigningKey
 from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
@@ -88,7 +99,7 @@ class Chain:
 
     def manifest(self, revision: int) -> Manifest:
         """Revision ``revision``, its signatures checked first if there is a trust policy."""
-        return self._checked(revision, self.storage.read(revision_key(revision)))
+        return self._checked(revision, self.storage.read(revision_key(revision), MAX_MANIFEST))
 
     def _checked(self, revision: int, data: bytes) -> Manifest:
         """Parse revision ``revision``'s bytes, after SG-1..SG-5 if there is a trust policy
@@ -106,7 +117,7 @@ class Chain:
     def revision_bytes(self, revision: int) -> bytes | None:
         """The bytes of manifest revision ``revision``; None if storage no longer holds it."""
         try:
-            return self.storage.read(revision_key(revision))
+            return self.storage.read(revision_key(revision), MAX_MANIFEST)
         except NotFoundError:
             return None
 
@@ -126,7 +137,7 @@ class Chain:
                 f"storage rolled back: head revision {revisions[-1]} is lower than revision "
                 f"{self.seen_revision} read before"
             )
-        data = self.storage.read(revision_key(revisions[-1]))
+        data = self.storage.read(revision_key(revisions[-1]), MAX_MANIFEST)
         m = self._checked(revisions[-1], data)
         self.seen_revision = m.revision
         return m, digest_bytes(data)
@@ -188,14 +199,20 @@ class Chain:
         """
         size = path.stat().st_size
         info = self.storage.stat(key)
-        if info is None or info.size != size or self._stored_digest(key, algorithm) != digest:
+        if info is None or info.size != size or self._stored_digest(key, algorithm, size) != digest:
             self.storage.put_file(key, path, progress)
-            if self._stored_digest(key, algorithm) != digest:
+            if self._stored_digest(key, algorithm, size) != digest:
                 raise ChecksumMismatchError(f"{key}: stored bytes differ from the upload")
 
-    def _stored_digest(self, key: str, algorithm: str) -> str:
+    def _stored_digest(self, key: str, algorithm: str, size: int) -> str | None:
+        """The digest of the object at ``key``; None if it is longer than ``size``
+        bytes (read no further: a store can answer without end, RD-5)."""
         h = blake3.blake3() if algorithm == "blake3" else hashlib.sha256()
+        have = 0
         for block in self.storage.stream(key):
+            have += len(block)
+            if have > size:
+                return None
             h.update(block)
         return str(h.hexdigest())
 
@@ -207,6 +224,18 @@ class Chain:
 
     def is_cached(self, digest: str) -> bool:
         return self.cached_path(digest) is not None
+
+    def evict_if_corrupt(self, digest: str, algorithm: str) -> bool:
+        """Remove the cached file ``digest`` if its bytes no longer have that digest
+        (damaged on disk, or written by someone else); True if it was removed."""
+        path = self.cached_path(digest)
+        if path is None or file_digest(path, algorithm) == digest:
+            return False
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot remove the damaged cache file {path}: {exc}") from exc
+        return True
 
     def fetch(
         self, key: str, size: int, digest: str, algorithm: str,
@@ -223,12 +252,24 @@ class Chain:
         for sub in ("partial", "objects"):
             (self.cache / sub).mkdir(parents=True, exist_ok=True)
         part = self.cache / "partial" / f"{digest}.part"
+        resumed = part.exists()
         download(self.storage, key, part, size, progress)
         if file_digest(part, algorithm) != digest:
             part.unlink()
-            raise ChecksumMismatchError(f"{key}: downloaded bytes do not match the manifest digest")
+            if not resumed:
+                raise ChecksumMismatchError(
+                    f"{key}: downloaded bytes do not match the manifest digest"
+                )
+            # The bytes kept from an earlier download were bad (damaged or planted):
+            # they are gone now, and the whole file is fetched once more.
+            return self.fetch(key, size, digest, algorithm, progress)
         final = self.cache / "objects" / digest
-        os.replace(part, final)
+        try:
+            if final.is_dir() and not final.is_symlink():
+                shutil.rmtree(final)  # put in the node's own cache by someone else
+            os.replace(part, final)
+        except OSError as exc:
+            raise StorageError(f"cannot store {final}: {exc}") from exc
         return final
 
     def scratch(self) -> Path:

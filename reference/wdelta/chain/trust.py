@@ -24,8 +24,8 @@ from .. import schemas, strictjson
 from ..arguments import PathLike, as_path
 from ..atomic import atomic_file
 from ..digest import digest_bytes
-from ..errors import BadArgumentError, WdeltaError
-from .errors import ConflictError, FrozenError, SignatureInvalidError
+from ..errors import BadArgumentError, LimitExceededError, WdeltaError
+from .errors import ConflictError, FrozenError, NotFoundError, SignatureInvalidError
 from .signing import MAX_DOCUMENT, PublicKey, SigningKey, canonical, key_id, read_json
 from .storage.base import Storage
 
@@ -196,11 +196,15 @@ def parse_revision_signature(data: bytes) -> RevisionSignature | None:
 
 
 def _read_small(storage: Storage, key: str) -> bytes | None:
-    """The object at ``key`` if it exists and is at most MAX_DOCUMENT bytes."""
-    info = storage.stat(key)
+    """The object at ``key`` if it exists and is at most MAX_DOCUMENT bytes (SG-4: a
+    longer one counts as absent, whatever size the store reported for it)."""
+    info = storage.stat(key)  # an object said to be longer is not even opened
     if info is None or info.size > MAX_DOCUMENT:
         return None
-    return storage.read(key)
+    try:
+        return storage.read(key, MAX_DOCUMENT)
+    except (NotFoundError, LimitExceededError):
+        return None
 
 
 def keep_newest_root(policy: Trust, storage: Storage, path: Path) -> None:
@@ -263,7 +267,13 @@ class Trust:
                 return self.root
             if info.size > MAX_DOCUMENT:
                 raise SignatureInvalidError(f"{key}: {info.size} bytes, not a trust root")
-            new = parse_root(storage.read(key), key)
+            try:
+                data = storage.read(key, MAX_DOCUMENT)
+            except LimitExceededError as exc:  # a store that lied about its size
+                raise SignatureInvalidError(
+                    f"{key}: over {MAX_DOCUMENT} bytes, not a trust root"
+                ) from exc
+            new = parse_root(data, key)
             if new.version != self.root.version + 1 or new.chain != self.root.chain:
                 raise SignatureInvalidError(
                     f"{key}: version {new.version} of chain {new.chain!r}, expected version "
@@ -314,7 +324,7 @@ class Trust:
             obj = sign_revision(key, payload)
             target = signature_key(payload["manifest"], obj.keyid)
             if not storage.create(target, obj.to_bytes()):
-                stored = parse_revision_signature(storage.read(target))
+                stored = parse_revision_signature(storage.read(target, MAX_DOCUMENT))
                 if (
                     stored is None
                     or stored.keyid != obj.keyid

@@ -6,12 +6,19 @@ offset (resumable downloads), an overwriting upload of a local file, a
 *create-only* write of a small object (the one primitive concurrency rests
 on), a listing by prefix, and delete.  A missing object is always
 :class:`NotFoundError`, never an empty result.
+
+Every read is bounded by what the caller asked for (SPEC.md §17.6, RD-5):
+a ranged read by its length, a whole read by the caller's limit, so a store
+that answers more than it was asked (a lying mirror, ``/dev/zero`` behind a
+symlink) costs at most one byte past it before the answer is refused.
 """
 
 from __future__ import annotations
 
 import abc
 import os
+import shutil
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +26,7 @@ from pathlib import Path
 from ...errors import (
     BadArgumentError,
     ChecksumMismatchError,
+    LimitExceededError,
     StorageError,
     UnsupportedFeatureError,
 )
@@ -42,6 +50,16 @@ def missing_package(scheme: str, exc: ImportError, install: str) -> UnsupportedF
         f"{scheme} storage needs the Python package {name}, which cannot be imported "
         f"({exc}): {install}"
     )
+
+
+def too_large(key: str, limit: int) -> LimitExceededError:
+    """The error for an object longer than the ``limit`` bytes its reader allows."""
+    return LimitExceededError(f"{key}: longer than the {limit} bytes allowed for it")
+
+
+def longer_than_asked(url: str, key: str, length: int) -> StorageError:
+    """The error for a store that answered more than the ``length`` bytes asked (ST-3)."""
+    return StorageError(f"{url}{key}: the store answered more than the {length} bytes asked")
 
 
 def check_key(key: str) -> str:
@@ -88,12 +106,53 @@ class Storage(abc.ABC):
     def delete(self, key: str) -> None:
         """Remove the object (no error if it is already gone)."""
 
-    def read(self, key: str) -> bytes:
-        """The whole object (for small objects such as manifests)."""
-        return b"".join(self.stream(key))
+    def read(self, key: str, limit: int) -> bytes:
+        """The whole object, at most ``limit`` bytes of it (manifests, signatures, roots).
+
+        An object longer than ``limit``, whatever its size was said to be, is
+        LimitExceededError naming it, after at most ``limit + 1`` bytes read.
+        """
+        parts, have = [], 0
+        blocks = self.stream(key)
+        try:
+            for block in blocks:
+                parts.append(block)
+                have += len(block)
+                if have > limit:
+                    raise too_large(key, limit)
+        finally:
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()  # stop the transfer the stream holds open
+        return b"".join(parts)
 
     def exists(self, key: str) -> bool:
         return self.stat(key) is not None
+
+
+def _kept(part: Path, size: int) -> int:
+    """Bytes of an earlier download in ``part`` to continue after (0: start afresh).
+
+    Anything but a regular file there is removed first (it is the node's own
+    cache): a FIFO would block the download, a symlink would write elsewhere.
+    So is a file longer than ``size``.
+    """
+    try:
+        info = part.lstat()
+    except FileNotFoundError:
+        return 0
+    if stat.S_ISREG(info.st_mode) and info.st_size <= size:
+        return info.st_size
+    try:
+        shutil.rmtree(part) if stat.S_ISDIR(info.st_mode) else part.unlink()
+    except OSError as exc:
+        raise StorageError(f"cannot remove {part}: {exc}") from exc
+    return 0
+
+
+def _append_here(path: str, flags: int) -> int:
+    # Never through a symlink, never waiting on a FIFO put there meanwhile.
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
 
 
 def download(
@@ -105,14 +164,11 @@ def download(
     than ``size`` is discarded first.  ``progress`` counts bytes transferred
     now (not those kept from before).  The caller verifies the digest.
     """
-    have = part.stat().st_size if part.exists() else 0
-    if have > size:
-        part.unlink()
-        have = 0
+    have = _kept(part, size)
     if have == size:
         return
     try:
-        with open(part, "ab") as f:
+        with open(part, "ab", opener=_append_here) as f:
             for block in storage.stream(key, have):
                 have += len(block)
                 if have > size:
@@ -124,8 +180,11 @@ def download(
             os.fsync(f.fileno())
     except OSError as exc:
         raise StorageError(f"cannot write {part}: {exc}") from exc
+    finally:
+        if have == 0:  # nothing to resume from (the first read failed): keep no file
+            part.unlink(missing_ok=True)
     if have > size:
         part.unlink()
         raise ChecksumMismatchError(f"{key}: longer than the {size} bytes the manifest lists")
-    if part.stat().st_size != size:
-        raise StorageError(f"{key}: got {part.stat().st_size} bytes, expected {size}")
+    if have != size:
+        raise StorageError(f"{key}: got {have} bytes, expected {size}")

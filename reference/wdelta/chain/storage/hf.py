@@ -2,7 +2,10 @@
 
 URLs: ``hf://buckets/NS/NAME/PREFIX``, ``hf://NS/NAME/PREFIX`` (model repo),
 ``hf://datasets/NS/NAME/PREFIX``.  Reads go through ``HfFileSystem`` as
-ranged requests (a missing file raises, it is never skipped).  The token
+ranged requests (a missing file raises, it is never skipped).  It returns
+at most the bytes asked for (a longer answer is refused all the same), but
+receives a whole answer before it does: the transfer of a store that answers
+more than asked is not cut short (SPEC.md RD-5).  The token
 comes from the usual environment (``HF_TOKEN`` or the saved login).
 
 Create-only writes: in a repo, a commit whose ``parent_commit`` is the head
@@ -22,7 +25,7 @@ from typing import Any
 
 from ...errors import BadArgumentError, StorageError, TruncatedError
 from ..errors import NotFoundError
-from .base import ObjectInfo, Progress, Storage, check_key, missing_package
+from .base import ObjectInfo, Progress, Storage, check_key, longer_than_asked, missing_package
 
 RANGE_BLOCK = 8 << 20
 _COMMIT_ATTEMPTS = 8
@@ -108,6 +111,8 @@ class HfStorage(Storage):
             data = bytes(self.fs.cat_file(self._fs_path(key), start=start, end=start + length))
         except Exception as exc:
             raise self._fail(key, exc) from exc
+        if len(data) > length:
+            raise longer_than_asked(self.url, key, length)
         if len(data) != length:
             raise TruncatedError(f"{key}: {length} bytes at {start} run past its end")
         return data
@@ -176,7 +181,11 @@ class HfStorage(Storage):
         except Exception as exc:
             raise self._fail(key, exc) from exc
         stored = self.stat(key)
-        return stored is not None and stored.size == len(data) and self.read(key) == data
+        return (
+            stored is not None
+            and stored.size == len(data)
+            and self.read(key, len(data) + 1) == data
+        )
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""

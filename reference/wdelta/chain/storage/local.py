@@ -3,6 +3,12 @@
 Create-only writes are a temporary file hard-linked to the final name:
 ``link(2)`` fails if the name exists, atomically, and the object appears
 complete or not at all.  Uploads are a temporary file renamed into place.
+
+Whoever can write the folder can put anything at a key: every read opens the
+object without blocking and refuses anything but a regular file (a FIFO would
+hang the reader, ``/dev/zero`` behind a symlink would never end).  Symlinks
+are followed (a folder whose objects link elsewhere is a valid store); what
+they lead to is checked.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from ...arguments import as_path
 from ...atomic import TMP_MARK, fsync_dir, remove_stale, temp_file
 from ...errors import StorageError, TruncatedError
 from ..errors import NotFoundError
-from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key
+from ..smallfile import open_regular, read_bounded
+from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key, too_large
 
 
 class LocalStorage(Storage):
@@ -38,12 +45,21 @@ class LocalStorage(Storage):
             return None
 
     def _open(self, key: str) -> int:
+        """A descriptor of the regular file at ``key`` (a FIFO or device: StorageError)."""
+        path = self._path(key)
         try:
-            return os.open(self._path(key), os.O_RDONLY)
+            return open_regular(path, lambda why: StorageError(f"{path}: {why}"))
         except FileNotFoundError as exc:
             raise NotFoundError(f"{self.url}: no object {key}") from exc
+
+    def read(self, key: str, limit: int) -> bytes:
+        fd = self._open(key)
+        try:
+            return read_bounded(fd, limit, lambda why: too_large(key, limit))
         except OSError as exc:
             raise StorageError(f"cannot read {key}: {exc}") from exc
+        finally:
+            os.close(fd)
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
         fd = self._open(key)

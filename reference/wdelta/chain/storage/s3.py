@@ -2,7 +2,9 @@
 
 Create-only writes are ``PutObject`` with ``If-None-Match: *``: the store
 answers 412 when the key exists, atomically.  Reads are ranged ``GetObject``
-requests, so a download resumes at the byte where it stopped.  Credentials
+requests, so a download resumes at the byte where it stopped; a response body
+is read only up to the bytes asked for (plus one, to see that a store answered
+more, which is refused), never whole.  Credentials
 and the endpoint come from the usual AWS environment (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ...) unless a client is passed in.
 """
@@ -15,9 +17,19 @@ from typing import Any
 
 from ...errors import BadArgumentError, StorageError, TruncatedError
 from ..errors import NotFoundError
-from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key, missing_package
+from .base import (
+    STREAM_BLOCK,
+    ObjectInfo,
+    Progress,
+    Storage,
+    check_key,
+    longer_than_asked,
+    missing_package,
+    too_large,
+)
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+_UNSATISFIABLE = {"416", "InvalidRange"}
 # S3 answers 409 when two conditional writes of one key overlap; the loser
 # may retry and then sees 412.
 _CREATE_ATTEMPTS = 5
@@ -92,16 +104,42 @@ class S3Storage(Storage):
         except _transport_errors() as exc:
             raise self._fail(key, exc) from exc
 
+    def _read_body(self, key: str, byte_range: str, most: int) -> bytes:
+        """At most ``most`` bytes of the answer to a GET of ``byte_range`` (then closed)."""
+        body = self._get(key, byte_range)
+        parts, have = [], 0
+        try:
+            while have < most and (block := body.read(min(STREAM_BLOCK, most - have))):
+                parts.append(bytes(block))
+                have += len(block)
+        except _transport_errors() as exc:
+            raise self._fail(key, exc) from exc
+        finally:
+            body.close()  # the rest of an answer longer than asked is never read
+        return b"".join(parts)
+
     def read_range(self, key: str, start: int, length: int) -> bytes:
         if length == 0:
             return b""
-        body = self._get(key, f"bytes={start}-{start + length - 1}")
-        try:
-            data = bytes(body.read())
-        except _transport_errors() as exc:
-            raise self._fail(key, exc) from exc
+        data = self._read_body(key, f"bytes={start}-{start + length - 1}", length + 1)
+        if len(data) > length:
+            raise longer_than_asked(self.url, key, length)
         if len(data) != length:
             raise TruncatedError(f"{key}: {length} bytes at {start} run past its end")
+        return data
+
+    def read(self, key: str, limit: int) -> bytes:
+        # One byte past the limit is asked for, and read, to tell "exactly the
+        # limit" from "longer": a store ignoring the Range is cut there too.
+        try:
+            data = self._read_body(key, f"bytes=0-{limit}", limit + 1)
+        except StorageError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, Exception) or _code(cause) not in _UNSATISFIABLE:
+                raise
+            data = b""  # an empty object has no byte 0 for the range to start at
+        if len(data) > limit:
+            raise too_large(key, limit)
         return data
 
     def stream(self, key: str, start: int = 0) -> Iterator[bytes]:
