@@ -341,3 +341,26 @@ def test_cli_sign_at_a_terminal_asks(cosigned: Signed) -> None:
     assert not _bob_signed(cosigned)
     code, out = _at_terminal(bob, "y\n", cosigned.tmp)
     assert code == 0 and "signed by" in out and _bob_signed(cosigned)
+
+
+def test_cli_append_below_the_threshold_says_how_to_co_sign(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path, keys=["alice", "bob"], threshold=2)
+    for name in ("alice", "bob"):
+        signing.write_json(tmp_path / f"{name}.key", key(name).to_json(), private=True)
+    new = s.next_checkpoint()
+    r = wd("append", "store", new, "--base", s.ckpts[1], "--trust", "root.json", "--sign",
+           "alice.key", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    hint = r.stdout.splitlines()[-1]
+    assert hint.startswith("revision 3 needs 1 more signature(s): co-sign with 'wdelta chain sign ")
+    assert hint.endswith(f"--expect-revision 3 --expect-digest {digest_of_path(new)}'"), hint
+    refused_pull(s, "signature-invalid")
+    r = wd("sign", "store", "--trust", "root.json", "--sign", "bob.key", "--expect-checkpoint",
+           s.ckpts[1], cwd=tmp_path)  # fmt: skip
+    _error(r, "conflict", "does not add checkpoint digest")
+    _error(wd("sign", "store", "--trust", "root.json", "--sign", "bob.key", "--expect-checkpoint",
+              "missing.safetensors", cwd=tmp_path), "io-error", "missing")  # fmt: skip
+    r = wd("sign", "store", "--trust", "root.json", "--sign", "bob.key", "--expect-checkpoint",
+           new, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert s.pull().version.number == 2

@@ -11,10 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..arguments import as_path
 from ..digest import digest_bytes
 from ..errors import BadArgumentError, StorageError, WdeltaError
 from ..terminal import printable
 from .errors import ConflictError, NotFoundError, SignatureInvalidError
+from .local import digest_of_path
 from .manifest import Manifest, Version, parse_manifest, revision_key, revision_of_key
 from .signing import generate, load_public_key, load_signing_key, write_json
 from .storage import open_storage
@@ -102,6 +104,7 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     if not keys:
         raise BadArgumentError("sign needs at least one --sign KEY")
     expected = {_digest_argument(d) for d in args.expect_digest}
+    expected |= {digest_of_path(as_path(f, "--expect-checkpoint")) for f in args.expect_checkpoint}
     expires = expires_in(args.expires_days * 86400.0)
     c = Chain(open_storage(args.url))
     revisions = c.revisions()
@@ -188,7 +191,8 @@ def _check_expected(
         if not (args.yes or _confirmed(m)):
             raise BadArgumentError(
                 f"nothing to check revision {m.revision} against: give --expect-digest HEX "
-                "(the checkpoint digest you expect), or --yes once you checked the lines above"
+                "(the checkpoint digest you expect) or --expect-checkpoint FILE, or --yes "
+                "once you checked the lines above"
             )
         return
     wanted = {v.digest: v for v in added} or {m.head.digest: m.head}
@@ -214,6 +218,17 @@ def _confirmed(m: Manifest) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
+def cosign_hint(c: Chain, m: Manifest) -> str | None:
+    """For a revision its writer signed below the threshold: the command co-signers run."""
+    if c.trust is None or not c.signers or len(c.signers) >= c.trust.root.threshold:
+        return None
+    return (
+        f"revision {m.revision} needs {c.trust.root.threshold - len(c.signers)} more "
+        f"signature(s): co-sign with 'wdelta chain sign {c.url} --trust ROOT --sign KEY "
+        f"--expect-revision {m.revision} --expect-digest {m.head.digest}'"
+    )
+
+
 def _cmd_refresh(args: argparse.Namespace) -> int:
     """Publish the head's content again as a new revision: freshly signed (WS-4), or for
     an unsigned chain with a new ``updated`` time (what ``pull --max-age`` reads)."""
@@ -225,6 +240,9 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
         m = c.publish(lambda cur: cur.successor())
     renewed = "signatures renewed" if c.signers else f"updated {m.updated} (unsigned)"
     print(f"revision {m.revision}: head version {m.head.number}, {renewed}")
+    hint = cosign_hint(c, m)
+    if hint is not None:
+        print(printable(hint))
     return 0
 
 
@@ -307,6 +325,10 @@ def register_signing(
         "--expect-digest", action="append", default=[], metavar="HEX",
         help="the checkpoint digest the revision must add (repeatable: one per version it "
         "adds; its head's if it adds none); anything else is refused",
+    )  # fmt: skip
+    p.add_argument(
+        "--expect-checkpoint", action="append", default=[], metavar="FILE",
+        help="as --expect-digest, the digest of this checkpoint (file or sharded folder)",
     )  # fmt: skip
     p.add_argument("--expect-version", type=int, default=None, metavar="N",
                    help="refuse unless the head version is N")  # fmt: skip
