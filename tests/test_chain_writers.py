@@ -186,6 +186,7 @@ def _rotated(s: Signed, keys: list[str], expires: str = FAR) -> None:
         ("zero", "frozen", "would be expired"),
         ("negative", "frozen", "would be expired"),
         ("not-a-date", "bad-argument", "no date"),
+        ("another-root", "signature-invalid", "differs from the trust root given"),
     ],
 )
 def test_a_writer_refuses_signatures_nodes_would_refuse_before_uploading(
@@ -204,6 +205,12 @@ def test_a_writer_refuses_signatures_nodes_would_refuse_before_uploading(
         _rotated(s, ["alice"], expires=PAST)
         first = tmp_path / "old-root.json"
         root_file(first, "test/run", ["alice"], expires=PAST)
+    if case == "another-root":  # alice's keys, but not the chain's root: the new chain is
+        s.root = first = tmp_path / "mine.json"  # another one (its root 1 is stored first)
+        root_file(s.root, "test/run", ["alice", "bob"])
+        (tmp_path / "new" / "trust").mkdir(parents=True)
+        (tmp_path / "new" / "trust" / "root-000000000001.json").write_bytes(
+            (s.store / "trust" / "root-000000000001.json").read_bytes())  # fmt: skip
     before = _listing(s.store)
 
     def writer(store: Path, root: Path) -> chain.Chain:
@@ -220,7 +227,9 @@ def test_a_writer_refuses_signatures_nodes_would_refuse_before_uploading(
         with pytest.raises(WdeltaError) as info:
             publish()
         assert info.value.category == category and words in str(info.value), info.value
-    assert _listing(s.store) == before and not (tmp_path / "new").exists()
+    assert _listing(s.store) == before
+    new = tmp_path / "new"
+    assert not new.exists() or list(_listing(new)) == ["trust/root-000000000001.json"]
 
 
 # ------------------------------------------------ WS-6: chain sign shows and checks

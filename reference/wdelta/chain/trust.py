@@ -331,10 +331,12 @@ class Trust:
         """WS-5: refuse, as a node would, signatures ``keys`` would make expiring at
         ``expires``, before a writer uploads anything: a root reached by SG-2 that has
         expired (SG-3, FrozenError), a key that is not one of its keys (revoked or never
-        trusted: SG-4, SignatureInvalidError), an expiry not after ``now`` (SG-5, FrozenError).
+        trusted: SG-4, SignatureInvalidError), an expiry not after ``now`` (SG-5, FrozenError),
+        a trust root other than the chain's own copy of that version (SignatureInvalidError).
         Each key signs a probe payload, read back and checked as nodes read stored
         signature objects (schema, then :func:`signature_expiry`); it is never stored."""
         root = self.update(storage)
+        _same_as_stored(storage, root)
         now = time.time() if now is None else now
         if root.expired(now):
             raise FrozenError(
@@ -378,6 +380,19 @@ class Trust:
                     or not _binds(stored.signed, payload)
                 ):
                     raise ConflictError(f"{target} exists and is not this key's signature")
+
+
+def _same_as_stored(storage: Storage, root: Root) -> None:
+    """The chain's copy of ``root``'s version, if it stores one, must be ``root``: a writer
+    given another chain's (or a forged) trust file signs what the chain's nodes refuse."""
+    key = root_key(root.version)
+    data = _read_small(storage, key)
+    if data is not None and parse_root(data, key).signed() != root.signed():
+        raise SignatureInvalidError(
+            f"{key} in the chain differs from the trust root given (chain {root.chain!r}, "
+            f"version {root.version}): nodes that hold the chain's root would refuse these "
+            "signatures"
+        )
 
 
 def signature_expiry(
