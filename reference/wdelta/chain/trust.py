@@ -361,7 +361,8 @@ class Trust:
             if expiry <= now:
                 raise FrozenError(
                     f"signatures expiring at {expires} would be expired when stored: nodes "
-                    "would refuse the revision as frozen (SG-5); give a positive validity"
+                    "would refuse the revision as frozen (SG-5); give a positive validity "
+                    "(--expires-days)"
                 )
 
     def sign(self, storage: Storage, revision: int, data: bytes, keys: list[SigningKey],
