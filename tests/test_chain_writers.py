@@ -322,10 +322,26 @@ def test_cli_sign_names_every_version_a_revision_adds(cosigned: Signed) -> None:
     head, extra = digest_of_path(s.ckpts[3]), digest_of_path(s.ckpts[2])
     bob = ("sign", "store", "--trust", "root.json", "--sign", "bob.key")
     r = wd(*bob, "--expect-digest", head, cwd=tmp)
-    _error(r, "conflict", f"also adds version 2 (no step): checkpoint digest {extra}")
+    _error(r, "conflict", f"also adds or changes version 2 (no step): checkpoint digest {extra}")
     assert f"adds version 3 (no step): checkpoint digest {head}" in r.stdout
     assert wd(*bob, "--expect-digest", head, "--expect-digest", extra, cwd=tmp).returncode == 0
     assert s.pull().version.number == 3
+
+
+def test_cli_sign_names_a_version_the_revision_changes(cosigned: Signed) -> None:
+    s, tmp = cosigned, cosigned.tmp
+    doc = json.loads((s.store / revision_key(3)).read_bytes())
+    doc["versions"][1]["metadata"] = {"eval": "passed"}  # version 1, accepted before, changed
+    data = (json.dumps(doc, indent=2) + "\n").encode()
+    (s.store / revision_key(3)).write_bytes(data)
+    Trust.from_file(s.root).sign(chain.LocalStorage(s.store), 3, data, [key("alice")], FAR)
+    head, old = digest_of_path(s.ckpts[2]), digest_of_path(s.ckpts[1])
+    bob = ("sign", "store", "--trust", "root.json", "--sign", "bob.key")
+    r = wd(*bob, "--expect-digest", head, cwd=tmp)
+    _error(r, "conflict", f"also adds or changes version 1 (no step): checkpoint digest {old}")
+    assert f"changes version 1 (no step): checkpoint digest {old}" in r.stdout
+    assert not _bob_signed(s)
+    assert wd(*bob, "--expect-digest", head, "--expect-digest", old, cwd=tmp).returncode == 0
 
 
 def _at_terminal(args: tuple[str, ...], answer: str, cwd: Path) -> tuple[int, str]:

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..arguments import as_path
 from ..digest import digest_bytes
@@ -114,9 +114,9 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     data = c.storage.read(revision_key(revision))
     m = parse_manifest(data, expected_revision=revision)
     trust.update(c.storage)
-    added, basis = _added_versions(c, trust, m)
-    print("\n".join(_summary(c.storage, trust, m, data, added, basis)), flush=True)
-    _check_expected(args, m, added, expected)
+    review = _review(c, trust, m)
+    print("\n".join(_summary(c.storage, trust, m, data, review)), flush=True)
+    _check_expected(args, m, review.versions, expected)
     trust.check_signers(c.storage, keys, expires)
     trust.sign(c.storage, m.revision, data, keys, expires)
     print(f"revision {m.revision} (head version {m.head.number}) signed by "
@@ -134,24 +134,34 @@ def _digest_argument(text: str) -> str:
     return digest
 
 
-def _added_versions(c: Chain, trust: Trust, m: Manifest) -> tuple[list[Version], str]:
-    """The versions ``m`` adds to (or changes in) its parent revision, and what they were
-    compared with: every version, unless the parent is stored with the digest ``m``
-    names and the trust policy accepts it (SG-1..SG-4, expiry not checked)."""
+class _Review(NamedTuple):
+    """What a co-signer vouches for beyond what the trust root accepted already."""
+
+    versions: list[Version]  # added, or changed in any member (digest, step, metadata...)
+    known: frozenset[int]  # numbers of the versions the accepted parent held
+    basis: str  # what they were compared with
+
+
+def _review(c: Chain, trust: Trust, m: Manifest) -> _Review:
+    """The versions ``m`` adds to or changes in its parent revision: every version, unless
+    the parent is stored with the digest ``m`` names and the trust policy accepts it
+    (SG-1..SG-4, expiry not checked)."""
     if m.parent is None:
-        return list(m.versions), "revision 1: every version is new"
+        return _Review(list(m.versions), frozenset(), "revision 1: every version is new")
     previous = m.revision - 1
     data = c.revision_bytes(previous)
     if data is None or digest_bytes(data) != m.parent[1]:
-        return list(m.versions), f"revision {previous} is not stored: every version counts as new"
+        why = f"revision {previous} is not stored: every version counts as new"
+        return _Review(list(m.versions), frozenset(), why)
     try:
         trust.check_revision(c.storage, previous, data, fresh=False)
-        before = parse_manifest(data, expected_revision=previous).versions
+        old = {v.number: v for v in parse_manifest(data, expected_revision=previous).versions}
     except WdeltaError as exc:
-        return list(m.versions), f"revision {previous} refused ({exc}): every version counts as new"
-    old = {(v.number, v.digest, v.step) for v in before}
-    new = [v for v in m.versions if (v.number, v.digest, v.step) not in old]
-    return new, f"compared with revision {previous}, accepted by the trust root"
+        why = f"revision {previous} refused ({exc}): every version counts as new"
+        return _Review(list(m.versions), frozenset(), why)
+    changed = [v for v in m.versions if old.get(v.number) != v]
+    why = f"compared with revision {previous}, accepted by the trust root"
+    return _Review(changed, frozenset(old), why)
 
 
 def _version_line(v: Version) -> str:
@@ -160,14 +170,17 @@ def _version_line(v: Version) -> str:
 
 
 def _summary(
-    storage: Storage, trust: Trust, m: Manifest, data: bytes, added: list[Version], basis: str
+    storage: Storage, trust: Trust, m: Manifest, data: bytes, review: _Review
 ) -> list[str]:
     """What ``chain sign`` is about to sign, for the signer to compare with its records."""
     root = trust.root
     lines = [f"revision {m.revision} of chain {printable(root.chain)}, manifest BLAKE3 "
              f"{digest_bytes(data)}", f"head: {_version_line(m.head)}"]  # fmt: skip
-    lines += [f"adds {_version_line(v)}" for v in added] or ["adds no version"]
-    lines.append(f"  ({basis})")
+    lines += [
+        f"{'changes' if v.number in review.known else 'adds'} {_version_line(v)}"
+        for v in review.versions
+    ] or ["adds no version"]
+    lines.append(f"  ({review.basis})")
     valid = trust.valid_signatures(storage, m.revision, data)
     who = ", ".join(f"{k[:16]} (until {format_time(t)})" for k, t in valid.items()) or "no key"
     lines.append(f"signed already by {who}; {root.threshold} needed "
@@ -201,7 +214,8 @@ def _check_expected(
         raise ConflictError(f"revision {m.revision} does not add checkpoint digest {stray[0]} "
                             f"(its head: {_version_line(m.head)}): nothing signed")  # fmt: skip
     if unnamed:
-        raise ConflictError(f"revision {m.revision} also adds {_version_line(wanted[unnamed[0]])}"
+        raise ConflictError(f"revision {m.revision} also adds or changes "
+                            f"{_version_line(wanted[unnamed[0]])}"
                             ", which no --expect-digest names: nothing signed")  # fmt: skip
 
 
