@@ -276,6 +276,7 @@ def test_cli_sign_shows_what_it_signs_and_checks_it(cosigned: Signed) -> None:
         (("--expect-digest", genuine, "--expires-days", "0"), "frozen", "would be expired"),
         (("--expect-digest", genuine, "--expires-days", "-1"), "frozen", "would be expired"),
         (("--expect-digest", genuine, "--expires-days", "nan"), "bad-argument", "no date"),
+        (("--expect-digest", old, "--revision", "2"), "bad-argument", "unrecognized arguments"),
     ]:  # fmt: skip
         _error(wd(*bob, *args, cwd=tmp), category, words)
     carol = ("sign", "store", "--trust", "root.json", "--sign", "carol.key")

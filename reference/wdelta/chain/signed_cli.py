@@ -96,8 +96,8 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
 
 
 def _cmd_sign(args: argparse.Namespace) -> int:
-    """Add signatures to an existing revision (co-signing, or a revision whose writer could
-    not store its own): show what is signed, check it against the --expect-* flags
+    """Add signatures to the head revision (co-signing, or a head whose writer could not
+    store its own): show what is signed, check it against the --expect-* flags
     (WS-6) and the signatures as a node would (WS-5), then store them."""
     trust = Trust.from_file(Path(args.trust))
     keys = [load_signing_key(Path(k)) for k in args.sign]
@@ -108,10 +108,10 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     expires = expires_in(args.expires_days * 86400.0)
     c = Chain(open_storage(args.url))
     revisions = c.revisions()
-    revision = args.revision or (revisions[-1] if revisions else 0)
-    if revision not in revisions:
-        raise NotFoundError(f"{args.url}: no revision {revision}")
-    data = c.storage.read(revision_key(revision))
+    if not revisions:
+        raise NotFoundError(f"{args.url}: no chain here (no manifest revision)")
+    revision = revisions[-1]  # only the head: a fresh signature of an older revision would
+    data = c.storage.read(revision_key(revision))  # serve it as fresh after a rollback (SG-5)
     m = parse_manifest(data, expected_revision=revision)
     trust.update(c.storage)
     review = _review(c, trust, m)
@@ -329,11 +329,10 @@ def register_signing(
     p.add_argument("url", help="chain location")
     p.add_argument("root", help="the new root (written by 'chain root --previous')")
     p.set_defaults(func=_cmd_rotate)
-    p = sub.add_parser("sign", help="add signatures to a revision (co-sign)")
+    p = sub.add_parser("sign", help="add signatures to the head revision (co-sign)")
     p.add_argument("url", help="chain location")
     p.add_argument("--trust", required=True, metavar="ROOT", help="the chain's trust root")
     p.add_argument("--sign", action="append", default=[], metavar="KEY", help="signing key")
-    p.add_argument("--revision", type=int, default=None, help="revision (default: the head)")
     p.add_argument("--expires-days", type=float, default=7.0, help="validity in days (7)")
     p.add_argument(
         "--expect-digest", action="append", default=[], metavar="HEX",
