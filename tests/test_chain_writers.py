@@ -131,6 +131,13 @@ def test_a_writer_refuses_a_head_still_unsigned_after_its_wait(tmp_path: Path) -
     assert _listing(s.store) == before  # WS-1: nothing stored on top of it
 
 
+@pytest.mark.parametrize("wait", [float("nan"), -1.0, float("inf"), "10"])
+def test_a_writer_wait_must_be_a_duration(tmp_path: Path, wait: object) -> None:
+    with pytest.raises(WdeltaError) as info:
+        chain.Chain(tmp_path, trust=None, sign_wait=wait)  # type: ignore[arg-type]
+    assert info.value.category == "bad-argument" and "sign_wait" in str(info.value)
+
+
 class _NoSignatures(Wrapped):
     """A storage that fails every write under ``signatures/`` (the writer stopped after
     creating its revision)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import blake3
 
-from ..arguments import PathLike, as_path
+from ..arguments import PathLike, as_path, check_seconds
 from ..digest import digest_bytes
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError, WdeltaError
 from .errors import ConflictError, ManifestInvalidError, NotFoundError, SignatureInvalidError
@@ -85,7 +85,7 @@ class Chain:
         if self.signers and self.trust is None:
             raise BadArgumentError("signing needs the chain's trust root (trust=, --trust)")
         self.sign_seconds = sign_seconds
-        self.sign_wait = sign_wait
+        self.sign_wait = check_seconds(sign_wait, "sign_wait") or 0.0
         self.head_signers: list[str] = []  # key ids that signed the last head read
 
     # ------------------------------------------------------------ manifests
