@@ -115,7 +115,7 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     m = parse_manifest(data, expected_revision=revision)
     trust.update(c.storage)
     review = _review(c, trust, m)
-    print("\n".join(_summary(c.storage, trust, m, data, review)), flush=True)
+    print("\n".join(map(printable, _summary(c.storage, trust, m, data, review))), flush=True)
     _check_expected(args, m, review.versions, expected)
     trust.check_signers(c.storage, keys, expires)
     trust.sign(c.storage, m.revision, data, keys, expires)
@@ -128,8 +128,8 @@ def _digest_argument(text: str) -> str:
     digest = text.lower()
     if len(digest) != 64 or not set(digest) <= set("0123456789abcdef"):
         raise BadArgumentError(
-            f"--expect-digest {printable(text)}: not a checkpoint digest (64 hex digits, "
-            "as 'wdelta digest' or 'wdelta chain log --json' print it)"
+            f"--expect-digest {printable(text)}: not a checkpoint digest (all 64 hex digits, "
+            "as a signing 'chain append' prints it; or give --expect-checkpoint FILE)"
         )
     return digest
 
