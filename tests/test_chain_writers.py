@@ -166,6 +166,30 @@ def test_a_revision_its_writer_could_not_sign_is_refused_until_signed(tmp_path: 
     assert s.pull().version.number == 2 and s.node.read_bytes() == new.read_bytes()
 
 
+class _CreatedThenLost(Wrapped):
+    """The create-only write of a revision succeeds, but its answer is lost (a timeout)."""
+
+    def create(self, key: str, data: bytes) -> bool:
+        created = self.inner.create(key, data)
+        if key.startswith("manifests/"):
+            raise StorageError(f"{key}: timed out (created: {created})")
+        return created
+
+
+def test_a_revision_whose_creation_is_unknown_is_not_signed(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    w = chain.Chain(_CreatedThenLost(chain.LocalStorage(s.store)), tmp_path / "wcache",
+                    trust=s.root, sign=[key("alice")])  # fmt: skip
+    new = s.next_checkpoint()
+    with pytest.raises(WdeltaError) as info:
+        chain.append(w, new, s.ckpts[1])
+    assert info.value.category == "io-error" and "was created is unknown" in str(info.value)
+    assert f"--expect-revision 3 --expect-digest {digest_of_path(new)}'" in str(info.value)
+    data = chain.LocalStorage(s.store).read(revision_key(3))
+    assert not (s.store / "signatures" / digest_bytes(data)).exists()
+    refused_pull(s, "signature-invalid")
+
+
 def refused_pull(s: Signed, category: str) -> None:
     before = s.node.read_bytes()
     with pytest.raises(WdeltaError) as info:

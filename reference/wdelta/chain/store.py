@@ -182,12 +182,30 @@ class Chain:
             current = self.head()
             new = update(current)
             self._check_files(current, new)
-            if self.storage.create(revision_key(new.revision), new.to_bytes()):
+            if self._create(new):
                 self._sign(new)
                 self.seen_revision = new.revision
                 return new
             time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
         raise ConflictError(f"{self.storage.url}: gave up after {PUBLISH_ATTEMPTS} lost races")
+
+    def _create(self, m: Manifest) -> bool:
+        """The create-only write of ``m`` (WR-2): True if this writer created it. A write
+        whose outcome is unknown (an error) leaves ``m`` unsigned, even if it was created."""
+        try:
+            return self.storage.create(revision_key(m.revision), m.to_bytes())
+        except WdeltaError as exc:
+            if self.trust is None or not self.signers:
+                raise
+            raise type(exc)(
+                f"{exc}; whether revision {m.revision} was created is unknown, so it was not "
+                f"signed (WS-2): if the chain's head is revision {m.revision} with your version, "
+                f"sign it with {self._sign_command(m)}"
+            ) from exc
+
+    def _sign_command(self, m: Manifest) -> str:
+        return (f"'wdelta chain sign URL --trust ROOT --sign KEY --expect-revision {m.revision} "
+                f"--expect-digest {m.head.digest}'")  # fmt: skip
 
     def check_signers(self) -> None:
         """WS-5: for a signing writer, refuse (as a node would) the signatures it would
@@ -208,9 +226,7 @@ class Chain:
         except WdeltaError as exc:
             raise type(exc)(
                 f"revision {m.revision} was created but its signatures were not all stored "
-                f"({exc}): nodes refuse it until they are; sign it with 'wdelta chain sign "
-                f"URL --trust ROOT --sign KEY --expect-revision {m.revision} "
-                f"--expect-digest {m.head.digest}'"
+                f"({exc}): nodes refuse it until they are; sign it with {self._sign_command(m)}"
             ) from exc
 
     def _check_files(self, old: Manifest, new: Manifest) -> None:
