@@ -10,6 +10,7 @@ from pathlib import Path
 from chainkit import Trainer
 from wdelta import chain
 from wdelta.chain import signing, trust
+from wdelta.chain.manifest import revision_key
 
 FAR = "2099-01-01T00:00:00Z"
 PAST = "2001-01-01T00:00:00Z"
@@ -60,6 +61,20 @@ class Signed:
         base = self.ckpts[-1]
         new = self.next_checkpoint()
         chain.append(self.writer(sign_seconds, signers), new, base)
+        return new
+
+    def publish_expired(self) -> Path:
+        """Append the next checkpoint, then replace its signatures by expired ones (the
+        head of a frozen chain): a writer refuses to store those itself (WS-5)."""
+        new = self.publish()
+        storage = chain.LocalStorage(self.store)
+        r = chain.Chain(storage).revisions()[-1]
+        data = storage.read(revision_key(r))
+        payload = trust.revision_payload(trust.read_root_file(self.root).chain, r, data, PAST)
+        for name in self.signers:
+            obj = trust.sign_revision(key(name), payload)
+            path = self.store / trust.signature_key(payload["manifest"], obj.keyid)
+            path.write_bytes(obj.to_bytes())
         return new
 
     def node_chain(self, root: Path | None = None) -> chain.Chain:

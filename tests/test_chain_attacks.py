@@ -95,7 +95,7 @@ def test_rollback(tmp_path: Path) -> None:
 
 def test_indefinite_freeze(tmp_path: Path) -> None:
     s = signed_chain(tmp_path)
-    s.publish(sign_seconds=-60)  # the newest revision the storage keeps serving
+    s.publish_expired()  # the newest revision the storage keeps serving
     s.pull(chain.Chain(s.store, tmp_path / "ncache"))  # without a policy: silently served
     s.node.write_bytes(s.ckpts[1].read_bytes())
     err = refused("frozen", s)

@@ -25,7 +25,7 @@ def log(*args: str | Path, cwd: Path) -> list[str]:
 
 def test_log_names_the_signers_of_every_revision(tmp_path: Path) -> None:
     s = signed_chain(tmp_path)  # revisions 1 and 2 signed by alice
-    s.publish(sign_seconds=-60)  # revision 3: signed, already expired (a pull is frozen)
+    s.publish_expired()  # revision 3: signed, already expired (a pull is frozen)
     alice = key("alice").public.keyid
     plain = chain.Chain(s.store, tmp_path / "pcache")  # a writer without a key
     chain.append(plain, s.next_checkpoint(), s.ckpts[2])

@@ -175,7 +175,7 @@ def test_cli_publish_signed_pull_rotate(tmp_path: Path) -> None:
     assert wd("rotate", "cli", "r2.json", cwd=tmp_path).returncode == 0
     r = wd("pull", "cli", "n.safetensors", "--trust", "r1.json", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("error: signature-invalid: "), r.stderr
-    r = wd("sign", "cli", "--trust", "r1.json", "--sign", "bob.key", cwd=tmp_path)
+    r = wd("sign", "cli", "--trust", "r1.json", "--sign", "bob.key", "--yes", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     r = wd("append", "cli", s.next_checkpoint(), "--base", s.ckpts[1], "--trust", "r1.json",
            "--sign", "bob.key", cwd=tmp_path)  # fmt: skip

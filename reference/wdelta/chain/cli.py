@@ -103,6 +103,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
             progress=progress,
         )
     _say(args, f"chain at {args.url}: version 0 {m.head.digest[:16]} (revision 1)")
+    _cosign_hint(args, c, m)
     return 0
 
 
@@ -124,7 +125,17 @@ def _cmd_append(args: argparse.Namespace) -> int:
         f"version {m.head.number} {m.head.digest[:16]}: link {link.size} bytes "
         f"(revision {m.revision})",
     )
+    _cosign_hint(args, c, m)
     return 0
+
+
+def _cosign_hint(args: argparse.Namespace, c: Chain, m: Manifest) -> None:
+    """After a publication signed below the threshold, what the co-signers run (WS-6)."""
+    from .signed_cli import cosign_hint
+
+    hint = cosign_hint(c, m)
+    if hint is not None:
+        _say(args, hint)
 
 
 def _format_log(m: Manifest) -> str:

@@ -5,16 +5,26 @@ revisions")."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from ..arguments import as_path
 from ..digest import digest_bytes
-from ..errors import BadArgumentError, StorageError
+from ..errors import BadArgumentError, StorageError, WdeltaError
 from ..terminal import printable
 from .errors import ConflictError, NotFoundError, SignatureInvalidError
-from .manifest import MAX_MANIFEST, parse_manifest, revision_key, revision_of_key
+from .local import digest_of_path
+from .manifest import (
+    MAX_MANIFEST,
+    Manifest,
+    Version,
+    parse_manifest,
+    revision_key,
+    revision_of_key,
+)
 from .signing import MAX_DOCUMENT, generate, load_public_key, load_signing_key, write_json
 from .storage import open_storage
 from .storage.base import Storage
@@ -22,6 +32,7 @@ from .store import Chain
 from .trust import (
     Trust,
     check_signed_by,
+    expires_in,
     format_time,
     make_root,
     parse_root,
@@ -92,24 +103,151 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
 
 
 def _cmd_sign(args: argparse.Namespace) -> int:
-    """Add signatures to an existing revision (co-signing, or signing an unsigned chain)."""
+    """Add signatures to the head revision (co-signing, or a head whose writer could not
+    store its own): show what is signed, check it against the --expect-* flags
+    (WS-6) and the signatures as a node would (WS-5), then store them."""
     trust = Trust.from_file(Path(args.trust))
     keys = [load_signing_key(Path(k)) for k in args.sign]
     if not keys:
         raise BadArgumentError("sign needs at least one --sign KEY")
+    expected = {_digest_argument(d) for d in args.expect_digest}
+    expected |= {digest_of_path(as_path(f, "--expect-checkpoint")) for f in args.expect_checkpoint}
+    expires = expires_in(args.expires_days * 86400.0)
     c = Chain(open_storage(args.url))
     revisions = c.revisions()
-    revision = args.revision or (revisions[-1] if revisions else 0)
-    if revision not in revisions:
-        raise NotFoundError(f"{args.url}: no revision {revision}")
-    data = c.storage.read(revision_key(revision), MAX_MANIFEST)
+    if not revisions:
+        raise NotFoundError(f"{args.url}: no chain here (no manifest revision)")
+    revision = revisions[-1]  # only the head: a fresh signature of an older revision would
+    data = c.storage.read(revision_key(revision), MAX_MANIFEST)  # serve as fresh after a rollback
     m = parse_manifest(data, expected_revision=revision)
     trust.update(c.storage)
-    expires = format_time(time.time() + args.expires_days * 86400.0)
+    review = _review(c, trust, m)
+    print("\n".join(map(printable, _summary(c.storage, trust, m, data, review))), flush=True)
+    _check_expected(args, m, review.versions, expected)
+    trust.check_signers(c.storage, keys, expires)
     trust.sign(c.storage, m.revision, data, keys, expires)
     print(f"revision {m.revision} (head version {m.head.number}) signed by "
           f"{', '.join(k.public.keyid[:16] for k in keys)} until {expires}")  # fmt: skip
     return 0
+
+
+def _digest_argument(text: str) -> str:
+    digest = text.lower()
+    if len(digest) != 64 or not set(digest) <= set("0123456789abcdef"):
+        raise BadArgumentError(
+            f"--expect-digest {printable(text)}: not a checkpoint digest (all 64 hex digits, "
+            "as a signing 'chain append' prints it; or give --expect-checkpoint FILE)"
+        )
+    return digest
+
+
+class _Review(NamedTuple):
+    """What a co-signer vouches for beyond what the trust root accepted already."""
+
+    versions: list[Version]  # added, or changed in any member (digest, step, metadata...)
+    known: frozenset[int]  # numbers of the versions the accepted parent held
+    basis: str  # what they were compared with
+
+
+def _review(c: Chain, trust: Trust, m: Manifest) -> _Review:
+    """The versions ``m`` adds to or changes in its parent revision: every version, unless
+    the parent is stored with the digest ``m`` names and the trust policy accepts it
+    (SG-1..SG-4, expiry not checked)."""
+    if m.parent is None:
+        return _Review(list(m.versions), frozenset(), "revision 1: every version is new")
+    previous = m.revision - 1
+    data = c.revision_bytes(previous)
+    if data is None or digest_bytes(data) != m.parent[1]:
+        why = f"revision {previous} is not stored: every version counts as new"
+        return _Review(list(m.versions), frozenset(), why)
+    try:
+        trust.check_revision(c.storage, previous, data, fresh=False)
+        old = {v.number: v for v in parse_manifest(data, expected_revision=previous).versions}
+    except WdeltaError as exc:
+        why = f"revision {previous} refused ({exc}): every version counts as new"
+        return _Review(list(m.versions), frozenset(), why)
+    changed = [v for v in m.versions if old.get(v.number) != v]
+    why = f"compared with revision {previous}, accepted by the trust root"
+    return _Review(changed, frozenset(old), why)
+
+
+def _version_line(v: Version) -> str:
+    step = "no step" if v.step is None else f"step {v.step}"
+    return f"version {v.number} ({step}): checkpoint digest {v.digest}"
+
+
+def _summary(
+    storage: Storage, trust: Trust, m: Manifest, data: bytes, review: _Review
+) -> list[str]:
+    """What ``chain sign`` is about to sign, for the signer to compare with its records."""
+    root = trust.root
+    lines = [f"revision {m.revision} of chain {printable(root.chain)}, manifest BLAKE3 "
+             f"{digest_bytes(data)}", f"head: {_version_line(m.head)}"]  # fmt: skip
+    lines += [
+        f"{'changes' if v.number in review.known else 'adds'} {_version_line(v)}"
+        for v in review.versions
+    ] or ["adds no version"]
+    lines.append(f"  ({review.basis})")
+    valid = trust.valid_signatures(storage, m.revision, data)
+    who = ", ".join(f"{k[:16]} (until {format_time(t)})" for k, t in valid.items()) or "no key"
+    lines.append(f"signed already by {who}; {root.threshold} needed "
+                 f"(trust root version {root.version})")  # fmt: skip
+    return lines
+
+
+def _check_expected(
+    args: argparse.Namespace, m: Manifest, added: list[Version], expected: set[str]
+) -> None:
+    """WS-6: the revision, head version and the digests of the versions it adds (or its
+    head's, if it adds none) must be what the signer expects (ConflictError); with no
+    --expect-digest, only --yes or a confirmation at a terminal lets it sign."""
+    if args.expect_revision is not None and m.revision != args.expect_revision:
+        raise ConflictError(f"the revision to sign is {m.revision}, not the expected "
+                            f"{args.expect_revision}: nothing signed")  # fmt: skip
+    if args.expect_version is not None and m.head.number != args.expect_version:
+        raise ConflictError(f"revision {m.revision}'s head is version {m.head.number}, not the "
+                            f"expected {args.expect_version}: nothing signed")  # fmt: skip
+    if not expected:
+        if not (args.yes or _confirmed(m)):
+            raise BadArgumentError(
+                f"nothing to check revision {m.revision} against: give --expect-digest HEX "
+                "(the checkpoint digest you expect) or --expect-checkpoint FILE, or --yes "
+                "once you checked the lines above"
+            )
+        return
+    wanted = {v.digest: v for v in added} or {m.head.digest: m.head}
+    stray, unnamed = sorted(expected - wanted.keys()), sorted(wanted.keys() - expected)
+    if stray:
+        raise ConflictError(f"revision {m.revision} does not add checkpoint digest {stray[0]} "
+                            f"(its head: {_version_line(m.head)}): nothing signed")  # fmt: skip
+    if unnamed:
+        raise ConflictError(f"revision {m.revision} also adds or changes "
+                            f"{_version_line(wanted[unnamed[0]])}"
+                            ", which no --expect-digest names: nothing signed")  # fmt: skip
+
+
+def _confirmed(m: Manifest) -> bool:
+    """At a terminal, the signer's answer to a question; elsewhere False."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return False
+    # The question goes to stdout with the summary (input() would write it to stderr).
+    print(f"sign revision {m.revision} (head version {m.head.number})? [y/N] ", end="", flush=True)
+    try:
+        answer = input()
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def cosign_hint(c: Chain, m: Manifest) -> str | None:
+    """For a revision its writer signed below the threshold: the command co-signers run."""
+    if c.trust is None or not c.signers or len(c.signers) >= c.trust.root.threshold:
+        return None
+    return (
+        f"revision {m.revision} needs {c.trust.root.threshold - len(c.signers)} more "
+        f"signature(s): co-sign with 'wdelta chain sign {c.url} --trust ROOT --sign KEY "
+        f"--expect-revision {m.revision} --expect-digest {m.head.digest}'"
+    )
 
 
 def _cmd_refresh(args: argparse.Namespace) -> int:
@@ -123,6 +261,9 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
         m = c.publish(lambda cur: cur.successor())
     renewed = "signatures renewed" if c.signers else f"updated {m.updated} (unsigned)"
     print(f"revision {m.revision}: head version {m.head.number}, {renewed}")
+    hint = cosign_hint(c, m)
+    if hint is not None:
+        print(printable(hint))
     return 0
 
 
@@ -195,12 +336,26 @@ def register_signing(
     p.add_argument("url", help="chain location")
     p.add_argument("root", help="the new root (written by 'chain root --previous')")
     p.set_defaults(func=_cmd_rotate)
-    p = sub.add_parser("sign", help="add signatures to a revision (co-sign)")
+    p = sub.add_parser("sign", help="add signatures to the head revision (co-sign)")
     p.add_argument("url", help="chain location")
     p.add_argument("--trust", required=True, metavar="ROOT", help="the chain's trust root")
     p.add_argument("--sign", action="append", default=[], metavar="KEY", help="signing key")
-    p.add_argument("--revision", type=int, default=None, help="revision (default: the head)")
     p.add_argument("--expires-days", type=float, default=7.0, help="validity in days (7)")
+    p.add_argument(
+        "--expect-digest", action="append", default=[], metavar="HEX",
+        help="the checkpoint digest the revision must add (repeatable: one per version it "
+        "adds; its head's if it adds none); anything else is refused",
+    )  # fmt: skip
+    p.add_argument(
+        "--expect-checkpoint", action="append", default=[], metavar="FILE",
+        help="as --expect-digest, the digest of this checkpoint (file or sharded folder)",
+    )  # fmt: skip
+    p.add_argument("--expect-version", type=int, default=None, metavar="N",
+                   help="refuse unless the head version is N")  # fmt: skip
+    p.add_argument("--expect-revision", type=int, default=None, metavar="R",
+                   help="refuse unless the revision signed is R")  # fmt: skip
+    p.add_argument("--yes", action="store_true",
+                   help="sign without --expect-digest (check what it prints)")  # fmt: skip
     p.set_defaults(func=_cmd_sign)
     p = sub.add_parser(
         "refresh", help="republish the head, freshly signed or dated (against 'frozen')"

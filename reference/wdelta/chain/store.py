@@ -4,8 +4,10 @@ Publishing (SPEC.md "Concurrency"): a writer uploads every new file, reads it
 back and checks its digest, and only then creates the next manifest revision
 with a create-only write.  If another writer took that revision number first,
 the update is re-applied to the newer manifest and retried, so no version is
-lost.  Readers take the highest revision and refuse one lower than a revision
-they have already seen.
+lost.  A signing writer signs a revision only once its create-only write has
+succeeded (WS-2): a writer that lost a race has signed nothing.  Readers take
+the highest revision and refuse one lower than a revision they have already
+seen.
 
 Downloads land in ``<cache>/partial/`` (kept across interruptions and
 continued with ranged reads), are checked against the manifest's digest and
@@ -28,10 +30,10 @@ from pathlib import Path
 
 import blake3
 
-from ..arguments import PathLike, as_path
+from ..arguments import PathLike, as_path, check_seconds
 from ..digest import digest_bytes
-from ..errors import BadArgumentError, ChecksumMismatchError, StorageError
-from .errors import ConflictError, ManifestInvalidError, NotFoundError
+from ..errors import BadArgumentError, ChecksumMismatchError, StorageError, WdeltaError
+from .errors import ConflictError, ManifestInvalidError, NotFoundError, SignatureInvalidError
 from .manifest import (
     MANIFEST_PREFIX,
     MAX_MANIFEST,
@@ -43,10 +45,14 @@ from .manifest import (
 from .signing import SigningKey
 from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
-from .trust import Trust, as_trust, format_time, root_key
+from .trust import Trust, as_trust, expires_in, root_key
 
 PUBLISH_ATTEMPTS = 50
 SIGNATURE_SECONDS = 7 * 24 * 3600  # default validity of a revision signature
+# How long a signing writer waits for the signatures of a head that another writer
+# created and is still signing (WS-1, WS-2): storing a few small objects takes well
+# under a second; a head still below the threshold after this is refused.
+SIGN_WAIT_SECONDS = 10.0
 _GIVE_CACHE = "open the chain as chain.Chain(LOCATION, cache=FOLDER)"
 _HASH_BLOCK = 1 << 22
 
@@ -72,13 +78,15 @@ class Chain:
     threshold of valid, unexpired signatures; ``sign`` (needs ``trust``) makes
     every revision this object publishes signed by those keys, valid for
     ``sign_seconds``.  A signing writer checks the head it extends but not its
-    expiry (it is the one that publishes a fresh revision).
+    expiry (it is the one that publishes a fresh revision), waiting up to
+    ``sign_wait`` seconds for signatures the head's writer is still storing, and
+    checks its own signatures as a node would before it uploads anything (WS-5).
     """
 
     def __init__(
         self, storage: Storage | PathLike, cache: PathLike | None = None, *,
         trust: Trust | PathLike | None = None, sign: list[SigningKey] | None = None,
-        sign_seconds: float = SIGNATURE_SECONDS,
+        sign_seconds: float = SIGNATURE_SECONDS, sign_wait: float = SIGN_WAIT_SECONDS,
     ) -> None:  # fmt: skip
         self.storage = storage if isinstance(storage, Storage) else open_storage(storage)
         self.cache = None if cache is None else as_path(cache, "cache")
@@ -88,6 +96,7 @@ class Chain:
         if self.signers and self.trust is None:
             raise BadArgumentError("signing needs the chain's trust root (trust=ROOT)")
         self.sign_seconds = sign_seconds
+        self.sign_wait = check_seconds(sign_wait, "sign_wait") or 0.0
         self.head_signers: list[str] = []  # key ids that signed the last head read
 
     # ------------------------------------------------------------ manifests
@@ -126,7 +135,27 @@ class Chain:
         return self.read_head()[0]
 
     def read_head(self) -> tuple[Manifest, str]:
-        """The highest manifest revision and the BLAKE3 (hex) of its bytes."""
+        """The highest manifest revision and the BLAKE3 (hex) of its bytes.
+
+        A signing writer retries a head below the signature threshold for up to
+        ``sign_wait`` seconds: its writer signs it only after creating it (WS-2)."""
+        if not self.signers:
+            return self._read_head_once()
+        self.check_signers()  # before the head: what it would sign is refused first
+        deadline, pause = time.monotonic() + self.sign_wait, 0.05
+        while True:
+            try:
+                return self._read_head_once()
+            except SignatureInvalidError as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SignatureInvalidError(
+                        f"{exc}; waited {self.sign_wait:g} s for its signatures (WS-1)"
+                    ) from exc
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, 1.0)
+
+    def _read_head_once(self) -> tuple[Manifest, str]:
         revisions = self.revisions()
         if not revisions:
             local = isinstance(self.storage, LocalStorage) and self.storage.root.is_file()
@@ -145,34 +174,71 @@ class Chain:
     def create_first(self, m: Manifest) -> Manifest:
         if self.revisions():
             raise ConflictError(f"{self.storage.url}: a chain already exists here")
+        self.check_signers()
         if self.trust is not None and self.signers:
             root = self.trust.root
             self.storage.create(root_key(root.version), root.to_bytes())
             self.trust.update(self.storage)  # a newer root already stored must sign too
-        self._sign(m)
         if not self.storage.create(revision_key(1), m.to_bytes()):
             raise ConflictError(f"{self.storage.url}: a chain already exists here")
+        self._sign(m)
         self.seen_revision = 1
         return m
 
     def publish(self, update: Callable[[Manifest], Manifest]) -> Manifest:
-        """Create the revision ``update(head)``; on a lost race re-read and retry."""
+        """Create the revision ``update(head)``; on a lost race re-read and retry.
+        Only a revision this writer created is signed (WS-2); reading the head checks
+        the writer's own signatures first (WS-5)."""
         for attempt in range(PUBLISH_ATTEMPTS):
             current = self.head()
             new = update(current)
             self._check_files(current, new)
-            self._sign(new)
-            if self.storage.create(revision_key(new.revision), new.to_bytes()):
+            if self._create(new):
+                self._sign(new)
                 self.seen_revision = new.revision
                 return new
             time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
         raise ConflictError(f"{self.storage.url}: gave up after {PUBLISH_ATTEMPTS} lost races")
 
-    def _sign(self, m: Manifest) -> None:
-        """Store the signatures of ``m`` before ``m`` itself (WS-2)."""
+    def _create(self, m: Manifest) -> bool:
+        """The create-only write of ``m`` (WR-2): True if this writer created it. A write
+        whose outcome is unknown (an error) leaves ``m`` unsigned, even if it was created."""
+        try:
+            return self.storage.create(revision_key(m.revision), m.to_bytes())
+        except WdeltaError as exc:
+            if self.trust is None or not self.signers:
+                raise
+            raise type(exc)(
+                f"{exc}; whether revision {m.revision} was created is unknown, so it was not "
+                f"signed (WS-2): if the chain's head is revision {m.revision} with your version, "
+                f"sign it with {self._sign_command(m)}"
+            ) from exc
+
+    def _sign_command(self, m: Manifest) -> str:
+        return (f"'wdelta chain sign URL --trust ROOT --sign KEY --expect-revision {m.revision} "
+                f"--expect-digest {m.head.digest}'")  # fmt: skip
+
+    def check_signers(self) -> None:
+        """WS-5: for a signing writer, refuse (as a node would) the signatures it would
+        store: revoked key, expired root, validity not in the future."""
         if self.trust is not None and self.signers:
-            expires = format_time(time.time() + self.sign_seconds)
+            expires = expires_in(self.sign_seconds)
+            self.trust.check_signers(self.storage, self.signers, expires)
+
+    def _sign(self, m: Manifest) -> None:
+        """Store the signatures of ``m``, which this writer has just created (WS-2).
+        Should that fail, the revision stays below the threshold: nodes refuse it until
+        it is signed with ``chain sign`` (the error says how)."""
+        if self.trust is None or not self.signers:
+            return
+        try:
+            expires = expires_in(self.sign_seconds)
             self.trust.sign(self.storage, m.revision, m.to_bytes(), self.signers, expires)
+        except WdeltaError as exc:
+            raise type(exc)(
+                f"revision {m.revision} was created but its signatures were not all stored "
+                f"({exc}): nodes refuse it until they are; sign it with {self._sign_command(m)}"
+            ) from exc
 
     def _check_files(self, old: Manifest, new: Manifest) -> None:
         """Every file ``new`` adds must already be stored with its recorded size."""
@@ -195,8 +261,10 @@ class Chain:
         """Store ``path`` at content-addressed ``key``, then read it back and check it.
 
         An object already at ``key`` with the right digest is kept (uploads
-        are idempotent); a wrong one is replaced.
+        are idempotent); a wrong one is replaced.  A signing writer first checks
+        the signatures it will make (WS-5), so it uploads nothing nodes would refuse.
         """
+        self.check_signers()
         size = path.stat().st_size
         info = self.storage.stat(key)
         if info is None or info.size != size or self._stored_digest(key, algorithm, size) != digest:

@@ -6,14 +6,17 @@ of band and walks the chain's newer roots (``trust/root-V.json``), each
 signed by a threshold of the previous root's keys and of its own, so keys
 can be rotated and revoked.  A revision is accepted only if a threshold of
 the current root's keys signed (chain, revision, BLAKE3 of its bytes,
-expiry), each in ``signatures/<digest>/<keyid>.json``, written before the
-revision itself.
+expiry), each in ``signatures/<digest>/<keyid>.json``, written only after the
+revision itself was created (WS-2: a writer that lost the race signs nothing).
+A writer checks its own signatures with the node's rule before it uploads
+anything (:meth:`Trust.check_signers`, WS-5).
 """
 
 from __future__ import annotations
 
 import calendar
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ ROOT_FORMAT = "wdelta-trust-root"
 REVISION_FORMAT = "wdelta-revision"
 MAX_ROOT_STEPS = 1024  # roots walked in one update: bounds a flood of rotations
 _TIME = "%Y-%m-%dT%H:%M:%SZ"
+_YEAR_10000 = 253402300800  # POSIX seconds of 10000-01-01: expiries have 4-digit years
 
 
 def root_key(version: int) -> str:
@@ -46,6 +50,15 @@ def signature_key(manifest_digest: str, keyid: str) -> str:
 def format_time(seconds: float) -> str:
     """UTC ``YYYY-MM-DDThh:mm:ssZ`` of a POSIX time (whole seconds)."""
     return time.strftime(_TIME, time.gmtime(int(seconds)))
+
+
+def expires_in(seconds: float, now: float | None = None) -> str:
+    """The expiry, as signed, of a signature valid for ``seconds`` from ``now``;
+    BadArgumentError if it is no date a signature can hold (not finite, after 9999)."""
+    end = (time.time() if now is None else now) + seconds
+    if not math.isfinite(end) or not 0 <= end < _YEAR_10000:
+        raise BadArgumentError(f"a validity of {seconds:g} seconds gives no date a signature holds")
+    return format_time(end)
 
 
 def parse_time(text: str) -> int:
@@ -295,15 +308,7 @@ class Trust:
         now = time.time() if now is None else now
         if fresh and root.expired(now):
             raise FrozenError(f"trust root version {root.version} expired at {root.expires}")
-        want = revision_payload(root.chain, revision, data, "")
-        valid: dict[str, int] = {}
-        for keyid, public in sorted(root.keys.items()):
-            stored = _read_small(storage, signature_key(want["manifest"], keyid))
-            sig = None if stored is None else parse_revision_signature(stored)
-            if sig is None or sig.keyid != keyid or not _binds(sig.signed, want):
-                continue
-            if public.verify(sig.sig, canonical(sig.signed)):
-                valid[keyid] = _expiry(sig.signed["expires"])
+        valid = self.valid_signatures(storage, revision, data)
         if len(valid) < root.threshold:
             raise SignatureInvalidError(
                 f"revision {revision}: {len(valid)} valid signatures of trusted keys, "
@@ -316,9 +321,64 @@ class Trust:
             )
         return sorted(valid)
 
+    def valid_signatures(self, storage: Storage, revision: int, data: bytes) -> dict[str, int]:
+        """Key id → expiry (POSIX seconds) of each key of the current root whose stored
+        signature of revision ``revision`` with bytes ``data`` is valid (SG-4), whatever
+        their number or expiry: the threshold and freshness are the caller's."""
+        want = revision_payload(self.root.chain, revision, data, "")
+        valid: dict[str, int] = {}
+        for keyid in sorted(self.root.keys):
+            stored = _read_small(storage, signature_key(want["manifest"], keyid))
+            sig = None if stored is None else parse_revision_signature(stored)
+            expiry = signature_expiry(self.root, keyid, sig, want)
+            if expiry is not None:
+                valid[keyid] = expiry
+        return valid
+
+    def check_signers(
+        self, storage: Storage, keys: list[SigningKey], expires: str, *, now: float | None = None
+    ) -> None:
+        """WS-5: refuse, as a node would, signatures ``keys`` would make expiring at
+        ``expires``, before a writer uploads anything: a root reached by SG-2 that has
+        expired (SG-3, FrozenError), a key that is not one of its keys (revoked or never
+        trusted: SG-4, SignatureInvalidError), an expiry not after ``now`` (SG-5, FrozenError),
+        a trust root other than the chain's own copy of that version (SignatureInvalidError).
+        Each key signs a probe payload, read back and checked as nodes read stored
+        signature objects (schema, then :func:`signature_expiry`); it is never stored."""
+        root = self.update(storage)
+        _same_as_stored(storage, root)
+        now = time.time() if now is None else now
+        if root.expired(now):
+            raise FrozenError(
+                f"trust root version {root.version} expired at {root.expires}: nodes refuse "
+                "every revision (SG-3); store a new root version (chain rotate) first"
+            )
+        probe = revision_payload(root.chain, 1, b"", expires)
+        for key in keys:
+            stored = parse_revision_signature(sign_revision(key, probe).to_bytes())
+            if stored is None:
+                raise SignatureInvalidError(
+                    f"a signature expiring at {expires!r} breaks the signature schema: "
+                    "nodes would count it as absent (SG-4)"
+                )
+            expiry = signature_expiry(root, key.public.keyid, stored, probe)
+            if expiry is None:
+                raise SignatureInvalidError(
+                    f"key {key.public.keyid[:16]} is not a key of trust root version "
+                    f"{root.version} (revoked, or never trusted): nodes would not count "
+                    "its signature (SG-4)"
+                )
+            if expiry <= now:
+                raise FrozenError(
+                    f"signatures expiring at {expires} would be expired when stored: nodes "
+                    "would refuse the revision as frozen (SG-5); give a positive validity "
+                    "(--expires-days)"
+                )
+
     def sign(self, storage: Storage, revision: int, data: bytes, keys: list[SigningKey],
              expires: str) -> None:  # fmt: skip
-        """Store each key's signature of revision ``revision`` create-only (WS-2)."""
+        """Store each key's signature of revision ``revision`` create-only; a writer calls
+        it only once the revision is created and its own (WS-2)."""
         payload = revision_payload(self.root.chain, revision, data, expires)
         for key in keys:
             obj = sign_revision(key, payload)
@@ -331,6 +391,33 @@ class Trust:
                     or not _binds(stored.signed, payload)
                 ):
                     raise ConflictError(f"{target} exists and is not this key's signature")
+
+
+def _same_as_stored(storage: Storage, root: Root) -> None:
+    """The chain's copy of ``root``'s version, if it stores one, must be ``root``: a writer
+    given another chain's (or a forged) trust file signs what the chain's nodes refuse."""
+    key = root_key(root.version)
+    data = _read_small(storage, key)
+    if data is not None and parse_root(data, key).signed() != root.signed():
+        raise SignatureInvalidError(
+            f"{key} in the chain differs from the trust root given (chain {root.chain!r}, "
+            f"version {root.version}): nodes that hold the chain's root would refuse these "
+            "signatures"
+        )
+
+
+def signature_expiry(
+    root: Root, keyid: str, sig: RevisionSignature | None, want: dict[str, Any]
+) -> int | None:
+    """SG-4 for one signature object: its expiry (POSIX seconds) if ``sig`` is key
+    ``keyid``'s valid signature, ``keyid`` a key of ``root``, of the chain, revision and
+    manifest digest ``want`` names; None if it does not count."""
+    public = root.keys.get(keyid)
+    if public is None or sig is None or sig.keyid != keyid or not _binds(sig.signed, want):
+        return None
+    if not public.verify(sig.sig, canonical(sig.signed)):
+        return None
+    return _expiry(sig.signed["expires"])
 
 
 def _binds(signed: dict[str, Any], want: dict[str, Any]) -> bool:

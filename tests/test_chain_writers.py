@@ -1,0 +1,423 @@
+"""The writer side of signed chains (SPEC.md §17.11 WS-1..WS-6): a writer signs only a
+revision it created, waits a bounded time for the signatures of a head another writer
+is still storing, checks its own signatures as a node would before it uploads anything,
+and ``chain sign`` shows what it signs and checks it against what the signer expects."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pty
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from chainkit import Wrapped
+from signkit import FAR, PAST, Signed, key, root_file, signed_chain
+from wdelta import chain
+from wdelta.chain import signing
+from wdelta.chain.local import digest_of_path
+from wdelta.chain.manifest import revision_key
+from wdelta.chain.storage.base import ObjectInfo, Storage
+from wdelta.chain.trust import Trust, signature_key
+from wdelta.digest import digest_bytes
+from wdelta.errors import StorageError, WdeltaError
+
+WDELTA = [sys.executable, "-m", "wdelta", "chain"]
+
+
+def wd(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WDELTA, *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+class _Race(Wrapped):
+    """Writer B's storage: just before B's create-only write of ``key``, ``first`` runs
+    (writer A publishes the same revision number and wins); keeps the bytes B tried."""
+
+    def __init__(self, inner: Storage, key: str, first: Callable[[], object]) -> None:
+        super().__init__(inner)
+        self.key, self.first = key, first
+        self.lost: bytes | None = None
+
+    def create(self, key: str, data: bytes) -> bool:
+        if key == self.key and self.lost is None:
+            self.lost = data
+            self.first()
+        return self.inner.create(key, data)
+
+
+def _listing(store: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(store)): p.read_bytes() for p in store.rglob("*") if p.is_file()}
+
+
+def test_a_race_loser_signs_nothing_an_attacker_could_plant(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path, keys=["alice", "bob"], threshold=1, signers=["alice"])
+    base, mine, theirs = s.ckpts[1], s.next_checkpoint(), s.next_checkpoint()
+    genuine = chain.LocalStorage(s.store)
+    race = _Race(genuine, revision_key(3),
+                 lambda: chain.append(s.writer(signers=["alice"]), mine, base))  # fmt: skip
+    loser = chain.Chain(race, tmp_path / "bcache", trust=s.root, sign=[key("bob")])
+    chain.append(loser, theirs, base)  # lost revision 3 to alice, published as 4
+    assert race.lost is not None and genuine.read(revision_key(3)) != race.lost
+    assert genuine.list(f"signatures/{digest_bytes(race.lost)}/") == []  # never signed
+    # The attacker rebuilds the loser's revision 3 and serves it before the winner's.
+    evil = tmp_path / "evil"
+    shutil.copytree(s.store, evil)
+    (evil / revision_key(4)).unlink()
+    (evil / revision_key(3)).write_bytes(race.lost)
+    before = s.node.read_bytes()
+    with pytest.raises(WdeltaError) as info:
+        chain.pull(chain.Chain(evil, tmp_path / "ncache", trust=s.root), s.node)
+    assert info.value.category == "signature-invalid"
+    assert s.node.read_bytes() == before
+    # The genuine revisions are accepted: the winner's, then the loser's retry on top of it.
+    assert s.pull(chain.Chain(s.store, tmp_path / "ncache", trust=s.root)).version.number == 3
+    assert s.node.read_bytes() == theirs.read_bytes()
+    policy = Trust.from_file(s.root)
+    for r in (3, 4):
+        assert policy.check_revision(genuine, r, genuine.read(revision_key(r)))
+
+
+class _SignedMeanwhile(Wrapped):
+    """The winner of a race storing its signatures while another writer reads the head:
+    after the first look for a signature object of ``digest``, ``then`` runs."""
+
+    def __init__(self, inner: Storage, digest: str, then: Callable[[], object]) -> None:
+        super().__init__(inner)
+        self.digest, self.then, self.looked = digest, then, False
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        found = self.inner.stat(key)
+        if key.startswith(f"signatures/{self.digest}/") and not self.looked:
+            self.looked = True
+            self.then()
+        return found
+
+
+def _unsigned_head(s: Signed) -> tuple[int, bytes]:
+    """Revision 3 (version 2) created without its signatures (its writer is still
+    storing them, or stopped before it could)."""
+    chain.append(chain.Chain(s.store, s.tmp / "ucache"), s.next_checkpoint(), s.ckpts[1])
+    storage = chain.LocalStorage(s.store)
+    return 3, storage.read(revision_key(3))
+
+
+def test_a_writer_waits_for_the_signatures_of_a_new_head(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    r, data = _unsigned_head(s)
+    genuine = chain.LocalStorage(s.store)
+    late = _SignedMeanwhile(genuine, digest_bytes(data), lambda: Trust.from_file(s.root).sign(
+        genuine, r, data, [key("alice")], FAR))  # fmt: skip
+    w = chain.Chain(late, tmp_path / "wcache", trust=s.root, sign=[key("alice")])
+    chain.append(w, s.next_checkpoint(), s.ckpts[2])
+    assert late.looked and s.pull().version.number == 3
+
+
+def test_a_writer_refuses_a_head_still_unsigned_after_its_wait(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    _unsigned_head(s)
+    before = _listing(s.store)
+    w = chain.Chain(s.store, tmp_path / "wcache", trust=s.root, sign=[key("alice")],
+                    sign_wait=0.2)  # fmt: skip
+    with pytest.raises(WdeltaError) as info:
+        chain.append(w, s.next_checkpoint(), s.ckpts[2])
+    assert info.value.category == "signature-invalid" and "waited 0.2 s" in str(info.value)
+    assert _listing(s.store) == before  # WS-1: nothing stored on top of it
+
+
+@pytest.mark.parametrize("wait", [float("nan"), -1.0, float("inf"), "10"])
+def test_a_writer_wait_must_be_a_duration(tmp_path: Path, wait: object) -> None:
+    with pytest.raises(WdeltaError) as info:
+        chain.Chain(tmp_path, trust=None, sign_wait=wait)  # type: ignore[arg-type]
+    assert info.value.category == "bad-argument" and "sign_wait" in str(info.value)
+
+
+class _NoSignatures(Wrapped):
+    """A storage that fails every write under ``signatures/`` (the writer stopped after
+    creating its revision)."""
+
+    def create(self, key: str, data: bytes) -> bool:
+        if key.startswith("signatures/"):
+            raise StorageError(f"{key}: connection lost")
+        return self.inner.create(key, data)
+
+
+def test_a_revision_its_writer_could_not_sign_is_refused_until_signed(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    w = chain.Chain(_NoSignatures(chain.LocalStorage(s.store)), tmp_path / "wcache",
+                    trust=s.root, sign=[key("alice")])  # fmt: skip
+    new = s.next_checkpoint()
+    with pytest.raises(WdeltaError) as info:
+        chain.append(w, new, s.ckpts[1])
+    digest = digest_of_path(new)
+    assert info.value.category == "io-error"
+    assert f"--expect-revision 3 --expect-digest {digest}" in str(info.value)
+    refused_pull(s, "signature-invalid")
+    signing.write_json(tmp_path / "alice.key", key("alice").to_json(), private=True)
+    r = wd("sign", "store", "--trust", "root.json", "--sign", "alice.key",
+           "--expect-revision", "3", "--expect-digest", digest, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert s.pull().version.number == 2 and s.node.read_bytes() == new.read_bytes()
+
+
+class _CreatedThenLost(Wrapped):
+    """The create-only write of a revision succeeds, but its answer is lost (a timeout)."""
+
+    def create(self, key: str, data: bytes) -> bool:
+        created = self.inner.create(key, data)
+        if key.startswith("manifests/"):
+            raise StorageError(f"{key}: timed out (created: {created})")
+        return created
+
+
+def test_a_revision_whose_creation_is_unknown_is_not_signed(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    w = chain.Chain(_CreatedThenLost(chain.LocalStorage(s.store)), tmp_path / "wcache",
+                    trust=s.root, sign=[key("alice")])  # fmt: skip
+    new = s.next_checkpoint()
+    with pytest.raises(WdeltaError) as info:
+        chain.append(w, new, s.ckpts[1])
+    assert info.value.category == "io-error" and "was created is unknown" in str(info.value)
+    assert f"--expect-revision 3 --expect-digest {digest_of_path(new)}'" in str(info.value)
+    data = chain.LocalStorage(s.store).read(revision_key(3))
+    assert not (s.store / "signatures" / digest_bytes(data)).exists()
+    refused_pull(s, "signature-invalid")
+
+
+def refused_pull(s: Signed, category: str) -> None:
+    before = s.node.read_bytes()
+    with pytest.raises(WdeltaError) as info:
+        s.pull()
+    assert info.value.category == category, info.value
+    assert s.node.read_bytes() == before
+
+
+# ------------------------------------------------ WS-5: a writer checks its own signatures
+
+
+def _rotated(s: Signed, keys: list[str], expires: str = FAR) -> None:
+    """Store root version 2 (signed by alice and its own keys) in the chain."""
+    old = chain.read_root_file(s.root)
+    new = s.tmp / "root2.json"
+    root_file(new, "test/run", keys, 1, sorted({"alice", *keys}), previous=old, expires=expires)
+    (s.store / "trust" / "root-000000000002.json").write_bytes(new.read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("case", "category", "words"),
+    [
+        ("revoked", "signature-invalid", "is not a key of trust root version"),
+        ("root-expired", "frozen", "expired at 2001-01-01T00:00:00Z"),
+        ("zero", "frozen", "would be expired"),
+        ("negative", "frozen", "would be expired"),
+        ("not-a-date", "bad-argument", "no date"),
+        ("another-root", "signature-invalid", "differs from the trust root given"),
+    ],
+)
+def test_a_writer_refuses_signatures_nodes_would_refuse_before_uploading(
+    tmp_path: Path, case: str, category: str, words: str
+) -> None:
+    s = signed_chain(tmp_path)
+    seconds = {"zero": 0.0, "negative": -60.0, "not-a-date": 1e20}.get(case, 3600.0)
+    first = s.root  # the trust file of a writer that starts a new chain
+    if case == "revoked":  # root 2 drops alice; a new chain's root never had her
+        _rotated(s, ["bob"])
+        head = chain.LocalStorage(s.store).read(revision_key(2))  # bob vouches for the head
+        Trust.from_file(s.root).sign(chain.LocalStorage(s.store), 2, head, [key("bob")], FAR)
+        first = tmp_path / "bob-root.json"
+        root_file(first, "test/run", ["bob"])
+    if case == "root-expired":
+        _rotated(s, ["alice"], expires=PAST)
+        first = tmp_path / "old-root.json"
+        root_file(first, "test/run", ["alice"], expires=PAST)
+    if case == "another-root":  # alice's keys, but not the chain's root: the new chain is
+        s.root = first = tmp_path / "mine.json"  # another one (its root 1 is stored first)
+        root_file(s.root, "test/run", ["alice", "bob"])
+        (tmp_path / "new" / "trust").mkdir(parents=True)
+        (tmp_path / "new" / "trust" / "root-000000000001.json").write_bytes(
+            (s.store / "trust" / "root-000000000001.json").read_bytes())  # fmt: skip
+    before = _listing(s.store)
+
+    def writer(store: Path, root: Path) -> chain.Chain:
+        return chain.Chain(store, tmp_path / "wcache", trust=root, sign=[key("alice")],
+                           sign_seconds=seconds)  # fmt: skip
+
+    w = writer(s.store, s.root)
+    for publish in (
+        lambda: chain.append(w, s.next_checkpoint(), s.ckpts[1],
+                             options=chain.AppendOptions(snapshot=True)),
+        lambda: w.publish(lambda cur: cur.successor()),
+        lambda: chain.init(writer(tmp_path / "new", first), s.ckpts[0]),
+    ):  # fmt: skip
+        with pytest.raises(WdeltaError) as info:
+            publish()
+        assert info.value.category == category and words in str(info.value), info.value
+    assert _listing(s.store) == before
+    new = tmp_path / "new"
+    assert not new.exists() or list(_listing(new)) == ["trust/root-000000000001.json"]
+
+
+# ------------------------------------------------ WS-6: chain sign shows and checks
+
+
+@pytest.fixture
+def cosigned(tmp_path: Path) -> Signed:
+    """A 2-of-2 chain whose head, revision 3 (version 2), alice signed; bob co-signs."""
+    s = signed_chain(tmp_path, keys=["alice", "bob"], threshold=2)
+    s.publish(signers=["alice"])
+    for name in ("alice", "bob", "carol"):
+        signing.write_json(tmp_path / f"{name}.key", key(name).to_json(), private=True)
+    return s
+
+
+def _bob_signed(s: Signed) -> bool:
+    data = chain.LocalStorage(s.store).read(revision_key(3))
+    return (s.store / signature_key(digest_bytes(data), key("bob").public.keyid)).exists()
+
+
+def _error(r: subprocess.CompletedProcess[str], category: str, words: str) -> None:
+    assert r.returncode == (2 if category == "bad-argument" else 1), r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {category}: "), r.stderr
+    assert words in lines[0], lines[0]
+
+
+def test_cli_sign_shows_what_it_signs_and_checks_it(cosigned: Signed) -> None:
+    s, tmp = cosigned, cosigned.tmp
+    genuine, old = digest_of_path(s.ckpts[2]), digest_of_path(s.ckpts[1])
+    bob = ("sign", "store", "--trust", "root.json", "--sign", "bob.key")
+    r = wd(*bob, cwd=tmp)  # no expectation, no terminal: refused
+    _error(r, "bad-argument", "nothing to check revision 3 against")
+    assert "revision 3 of chain test/run" in r.stdout
+    assert f"adds version 2 (no step): checkpoint digest {genuine}" in r.stdout
+    assert "(compared with revision 2, accepted by the trust root)" in r.stdout
+    assert f"signed already by {key('alice').public.keyid[:16]} (until " in r.stdout
+    assert "2 needed (trust root version 1)" in r.stdout
+    for args, category, words in [
+        (("--expect-digest", old), "conflict", f"does not add checkpoint digest {old}"),
+        (("--expect-digest", genuine[:16]), "bad-argument", "not a checkpoint digest"),
+        (("--expect-digest", genuine, "--expect-version", "3"), "conflict", "not the expected 3"),
+        (("--expect-digest", genuine, "--expect-revision", "2"), "conflict", "not the expected 2"),
+        (("--expect-digest", genuine, "--expires-days", "0"), "frozen", "would be expired"),
+        (("--expect-digest", genuine, "--expires-days", "-1"), "frozen", "would be expired"),
+        (("--expect-digest", genuine, "--expires-days", "nan"), "bad-argument", "no date"),
+        (("--expect-digest", old, "--revision", "2"), "bad-argument", "unrecognized arguments"),
+    ]:  # fmt: skip
+        _error(wd(*bob, *args, cwd=tmp), category, words)
+    carol = ("sign", "store", "--trust", "root.json", "--sign", "carol.key")
+    r = wd(*carol, "--expect-digest", genuine, cwd=tmp)
+    _error(r, "signature-invalid", "not a key of trust root version 1")
+    refused_pull(s, "signature-invalid")
+    assert not _bob_signed(s)
+    r = wd(*bob, "--expect-digest", genuine.upper(), "--expect-version", "2",
+           "--expect-revision", "3", cwd=tmp)  # fmt: skip
+    assert r.returncode == 0 and "revision 3 (head version 2) signed by" in r.stdout, r.stderr
+    assert s.pull().version.number == 2 and _bob_signed(s)
+
+
+def test_cli_sign_refuses_what_a_stolen_key_published(cosigned: Signed) -> None:
+    """The second signer's documented command does not bring an attacker's revision to
+    the threshold: the attacker holds alice's key and publishes weights of its own."""
+    s, tmp = cosigned, cosigned.tmp
+    (s.store / revision_key(3)).unlink()
+    genuine = digest_of_path(s.ckpts[2])
+    s.ckpts.pop()
+    s.publish(signers=["alice"])  # revision 3 again: the attacker's version 2
+    r = wd("sign", "store", "--trust", "root.json", "--sign", "bob.key", "--expect-digest",
+           genuine, cwd=tmp)  # fmt: skip
+    _error(r, "conflict", f"does not add checkpoint digest {genuine}")
+    assert not _bob_signed(s)
+    refused_pull(s, "signature-invalid")
+
+
+def test_cli_sign_names_every_version_a_revision_adds(cosigned: Signed) -> None:
+    """A revision adding an extra version beside the expected head (a node could pull it
+    with --to) is refused unless every added version is expected."""
+    s, tmp = cosigned, cosigned.tmp
+    scratch = tmp / "scratch"
+    shutil.copytree(s.store, scratch)
+    plain = chain.Chain(scratch, tmp / "pcache")
+    chain.append(plain, s.next_checkpoint(), s.ckpts[2])  # scratch revision 4: version 3
+    doc = json.loads((scratch / revision_key(4)).read_bytes())
+    parent = (s.store / revision_key(2)).read_bytes()
+    doc["revision"], doc["parent"] = 3, {"revision": 2, "digest": digest_bytes(parent)}
+    data = (json.dumps(doc, indent=2) + "\n").encode()
+    shutil.copytree(scratch / "deltas", s.store / "deltas", dirs_exist_ok=True)
+    (s.store / revision_key(3)).write_bytes(data)  # adds versions 2 and 3 to revision 2
+    Trust.from_file(s.root).sign(chain.LocalStorage(s.store), 3, data, [key("alice")], FAR)
+    head, extra = digest_of_path(s.ckpts[3]), digest_of_path(s.ckpts[2])
+    bob = ("sign", "store", "--trust", "root.json", "--sign", "bob.key")
+    r = wd(*bob, "--expect-digest", head, cwd=tmp)
+    _error(r, "conflict", f"also adds or changes version 2 (no step): checkpoint digest {extra}")
+    assert f"adds version 3 (no step): checkpoint digest {head}" in r.stdout
+    assert wd(*bob, "--expect-digest", head, "--expect-digest", extra, cwd=tmp).returncode == 0
+    assert s.pull().version.number == 3
+
+
+def test_cli_sign_names_a_version_the_revision_changes(cosigned: Signed) -> None:
+    s, tmp = cosigned, cosigned.tmp
+    doc = json.loads((s.store / revision_key(3)).read_bytes())
+    doc["versions"][1]["metadata"] = {"eval": "passed"}  # version 1, accepted before, changed
+    data = (json.dumps(doc, indent=2) + "\n").encode()
+    (s.store / revision_key(3)).write_bytes(data)
+    Trust.from_file(s.root).sign(chain.LocalStorage(s.store), 3, data, [key("alice")], FAR)
+    head, old = digest_of_path(s.ckpts[2]), digest_of_path(s.ckpts[1])
+    bob = ("sign", "store", "--trust", "root.json", "--sign", "bob.key")
+    r = wd(*bob, "--expect-digest", head, cwd=tmp)
+    _error(r, "conflict", f"also adds or changes version 1 (no step): checkpoint digest {old}")
+    assert f"changes version 1 (no step): checkpoint digest {old}" in r.stdout
+    assert not _bob_signed(s)
+    assert wd(*bob, "--expect-digest", head, "--expect-digest", old, cwd=tmp).returncode == 0
+
+
+def _at_terminal(args: tuple[str, ...], answer: str, cwd: Path) -> tuple[int, str]:
+    """Run ``wdelta chain ARGS`` with a terminal as its input and output, answering."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*WDELTA, *args], stdin=slave, stdout=slave,
+                            stderr=subprocess.DEVNULL, cwd=cwd)  # fmt: skip
+    os.close(slave)
+    os.write(master, answer.encode())
+    out = b""
+    with contextlib.suppress(OSError):  # EIO once the child has closed the terminal
+        while block := os.read(master, 4096):
+            out += block
+    os.close(master)
+    return proc.wait(timeout=120), out.decode(errors="replace")
+
+
+def test_cli_sign_at_a_terminal_asks(cosigned: Signed) -> None:
+    bob = ("sign", "store", "--trust", "root.json", "--sign", "bob.key")
+    code, out = _at_terminal(bob, "n\n", cosigned.tmp)
+    assert code == 2 and "sign revision 3 (head version 2)? [y/N]" in out
+    assert not _bob_signed(cosigned)
+    code, out = _at_terminal(bob, "y\n", cosigned.tmp)
+    assert code == 0 and "signed by" in out and _bob_signed(cosigned)
+
+
+def test_cli_append_below_the_threshold_says_how_to_co_sign(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path, keys=["alice", "bob"], threshold=2)
+    for name in ("alice", "bob"):
+        signing.write_json(tmp_path / f"{name}.key", key(name).to_json(), private=True)
+    new = s.next_checkpoint()
+    r = wd("append", "store", new, "--base", s.ckpts[1], "--trust", "root.json", "--sign",
+           "alice.key", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    hint = r.stdout.splitlines()[-1]
+    assert hint.startswith("revision 3 needs 1 more signature(s): co-sign with 'wdelta chain sign ")
+    assert hint.endswith(f"--expect-revision 3 --expect-digest {digest_of_path(new)}'"), hint
+    refused_pull(s, "signature-invalid")
+    r = wd("sign", "store", "--trust", "root.json", "--sign", "bob.key", "--expect-checkpoint",
+           s.ckpts[1], cwd=tmp_path)  # fmt: skip
+    _error(r, "conflict", "does not add checkpoint digest")
+    _error(wd("sign", "store", "--trust", "root.json", "--sign", "bob.key", "--expect-checkpoint",
+              "missing.safetensors", cwd=tmp_path), "io-error", "missing")  # fmt: skip
+    r = wd("sign", "store", "--trust", "root.json", "--sign", "bob.key", "--expect-checkpoint",
+           new, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert s.pull().version.number == 2
