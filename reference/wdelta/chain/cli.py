@@ -237,6 +237,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     options["cache_max_bytes"] = args.cache_max_bytes
     options["state"] = args.state or True
     options["accept_rollback"] = args.accept_rollback
+    options["allow_unsigned"] = args.allow_unsigned
     options["max_age"] = None if args.max_age is None else parse_duration(args.max_age)
     with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
         options["progress"] = progress
@@ -472,6 +473,11 @@ def _register_readers(sub: Any) -> None:
         action="store_true",
         help="accept the current head even if lower than (or a rewrite of) the accepted one",
     )
+    p.add_argument(
+        "--allow-unsigned", action="store_true",
+        help="read without --trust although this node accepted signed revisions "
+        "(its state then stops requiring signatures)",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_pull)
     p = sub.add_parser("gc", help="remove cache entries the head no longer names, then LRU")
     _common(p, cache=True)

@@ -21,7 +21,7 @@ from .storage.base import Storage
 from .store import Chain
 from .trust import (
     Trust,
-    check_signed_by,
+    check_successor,
     format_time,
     make_root,
     parse_root,
@@ -42,22 +42,35 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _cmd_root(args: argparse.Namespace) -> int:
+    """Write a root: its root role (offline keys, they sign roots) and its revisions
+    role (online keys, they sign revisions), signed by root keys (``--sign``) of this
+    root and, for a rotation, of the previous root's root role."""
     previous = None if args.previous is None else read_root_file(Path(args.previous))
     chain_id = args.chain_id or (previous.chain if previous else None)
     if chain_id is None:
         raise BadArgumentError("a first root needs --chain-id NAME")
     if previous is not None and chain_id != previous.chain:
         raise BadArgumentError(f"--chain-id differs from the previous root's {previous.chain!r}")
-    if not args.key or not args.sign:
-        raise BadArgumentError("a root needs at least one --key PUBLIC and one --sign KEY")
-    keys = [load_public_key(Path(k)) for k in args.key]
-    signers = [load_signing_key(Path(k)) for k in args.sign]
-    expires = format_time(time.time() + args.expires_days * 86400.0)
-    root = make_root(chain_id, keys, args.threshold, expires, signers, previous)
+    if not args.root_key or not args.revision_key or not args.sign:
+        raise BadArgumentError(
+            "a root needs at least one --root-key PUB, one --revision-key PUB and one "
+            "--sign KEY (a private root key)"
+        )
+    root = make_root(
+        chain_id,
+        root_keys=[load_public_key(Path(k)) for k in args.root_key],
+        root_threshold=args.root_threshold,
+        revision_keys=[load_public_key(Path(k)) for k in args.revision_key],
+        revision_threshold=args.revision_threshold,
+        expires=format_time(time.time() + args.expires_days * 86400.0),
+        signers=[load_signing_key(Path(k)) for k in args.sign],
+        previous=previous,
+    )
     write_json(Path(args.out), root.to_json())
     print(
-        f"root version {root.version} of chain {printable(root.chain)}: {len(root.keys)} keys, "
-        f"threshold {root.threshold}, expires {root.expires}"
+        f"root version {root.version} of chain {printable(root.chain)}: root role "
+        f"{root.root.threshold} of {len(root.root.keyids)} keys, revisions role "
+        f"{root.revisions.threshold} of {len(root.revisions.keyids)} keys, expires {root.expires}"
     )
     return 0
 
@@ -82,9 +95,7 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
             raise ConflictError(f"the chain's newest root is version {last}; {args.root} is "
                                 f"version {new.version}, not {last + 1}")  # fmt: skip
         old = parse_root(storage.read(root_key(last)), root_key(last))
-        if old.chain != new.chain:
-            raise SignatureInvalidError(f"{args.root} is a root of chain {new.chain!r}")
-        check_signed_by(new, old, str(args.root))
+        check_successor(new, old, str(args.root))
     if not storage.create(root_key(new.version), new.to_bytes()):
         raise ConflictError(f"root version {new.version} was stored meanwhile")
     print(f"root version {new.version} stored: nodes move to it at their next pull")
@@ -185,9 +196,16 @@ def register_signing(
     p = sub.add_parser("root", help="write a signed trust root (or its next version)")
     p.add_argument("out", help="the root file to create")
     p.add_argument("--chain-id", default=None, help="the chain's name (first root)")
-    p.add_argument("--key", action="append", default=[], metavar="PUB", help="trusted key")
-    p.add_argument("--threshold", type=int, default=1, help="signatures needed (1)")
-    p.add_argument("--sign", action="append", default=[], metavar="KEY", help="signing key")
+    p.add_argument("--root-key", action="append", default=[], metavar="PUB",
+                   help="an offline key that signs root versions (repeatable)")  # fmt: skip
+    p.add_argument("--root-threshold", type=int, default=1,
+                   help="root key signatures a root version needs (1)")  # fmt: skip
+    p.add_argument("--revision-key", action="append", default=[], metavar="PUB",
+                   help="an online key that signs revisions (repeatable)")  # fmt: skip
+    p.add_argument("--revision-threshold", type=int, default=1,
+                   help="revision key signatures a revision needs (1)")  # fmt: skip
+    p.add_argument("--sign", action="append", default=[], metavar="KEY",
+                   help="a private root key signing it (of this root or --previous)")  # fmt: skip
     p.add_argument("--previous", default=None, metavar="ROOT", help="the root this one rotates")
     p.add_argument("--expires-days", type=float, default=365.0, help="validity in days (365)")
     p.set_defaults(func=_cmd_root)
