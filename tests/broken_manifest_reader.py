@@ -7,6 +7,7 @@
 (duplicate keys, NaN, lone surrogates and deep nesting pass); ``no-reachability``
 skips CH-9; ``skip-missing`` skips listed files missing from storage (RD-3);
 ``ignore-signatures`` takes ``--trust`` but never checks a signature (SG-1..SG-5);
+``any-role`` lets every key of a trust root sign both roots and revisions (no roles);
 ``ignore-after`` drops ``--after`` (no memory of an accepted revision, RD-1);
 ``revision-only`` compares revision numbers with the accepted one, never digests.
 """
@@ -24,6 +25,7 @@ import wdelta.chain.graph
 import wdelta.chain.manifest
 import wdelta.chain.ops
 import wdelta.chain.signed_cli
+import wdelta.chain.trust
 from wdelta import api, cli
 from wdelta.chain.errors import ManifestInvalidError, NotFoundError
 from wdelta.chain.fetch import fetch_link, materialize_snapshot
@@ -64,6 +66,8 @@ def main(mode: str, args: list[str]) -> int:
         wdelta.chain.ops.check_files = skip_missing
     if mode == "ignore-signatures":
         wdelta.chain.signed_cli.check_signatures = lambda *args: []
+    if mode == "any-role":
+        wdelta.chain.trust.role_keys = lambda root, role: root.keys
     if mode == "ignore-after" and "--after" in args:
         at = args.index("--after")
         args = args[:at] + args[at + 2 :]

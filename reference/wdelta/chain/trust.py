@@ -107,13 +107,16 @@ class Root:
 
     def signers(self, role: Role, payload: bytes, signatures: list[tuple[str, str]]) -> set[str]:
         """Key ids of ``role`` whose signature of ``payload`` is among ``signatures``."""
-        return {
-            k for k, sig in signatures
-            if k in role.keyids and self.keys[k].verify(sig, payload)
-        }  # fmt: skip
+        keys = role_keys(self, role)
+        return {k for k, sig in signatures if k in keys and keys[k].verify(sig, payload)}
 
     def expired(self, now: float) -> bool:
         return parse_time(self.expires) <= now
+
+
+def role_keys(root: Root, role: Role) -> dict[str, PublicKey]:
+    """The public keys of ``root`` that may sign for ``role``, by key id."""
+    return {k: root.keys[k] for k in role.keyids}
 
 
 def parse_root(data: bytes, what: str) -> Root:
@@ -416,8 +419,7 @@ class Trust:
             raise FrozenError(f"trust root version {root.version} expired at {root.expires}")
         want = revision_payload(root.chain, revision, data, "")
         valid: dict[str, int] = {}
-        for keyid in sorted(root.revisions.keyids):
-            public = root.keys[keyid]
+        for keyid, public in sorted(role_keys(root, root.revisions).items()):
             stored = _read_small(storage, signature_key(want["manifest"], keyid))
             sig = None if stored is None else parse_revision_signature(stored)
             if sig is None or sig.keyid != keyid or not _binds(sig.signed, want):
