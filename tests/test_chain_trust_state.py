@@ -114,3 +114,28 @@ def test_cli_pull_without_trust_after_signed_revisions(tmp_path: Path) -> None:
     r = subprocess.run([*base, "--allow-unsigned"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "not authenticated" in r.stderr, r.stderr
     assert s.node.read_bytes() == s.ckpts[2].read_bytes()
+
+
+def test_cli_check_with_a_state_file_and_its_unhappy_paths(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)
+    rev = s.store / "manifests" / "rev-000000000002.json"
+    state = acceptance.state_beside(s.node)
+    base = [*WDELTA, "check", str(rev)]
+
+    def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *map(str, args)], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+
+    assert run("--store", s.store, "--trust", s.root, "--state", state).returncode == 0
+    r = run("--store", s.store, "--state", state)  # SG-8: the state records signatures
+    assert r.returncode == 1 and r.stderr.startswith("error: signature-invalid: "), r.stderr
+    for args, words in (
+        (("--state", state), "check --state needs --store"),
+        (("--store", s.store, "--state", state, "--after", rev), "not both"),
+        (("--store", s.store, "--state", tmp_path / "absent.json"), "no such file"),
+        (("--store", s.store, "--state", s.root), "not a usable acceptance state"),
+    ):
+        r = run(*args)
+        lines = r.stderr.splitlines()
+        assert r.returncode == 2 and len(lines) == 1, r.stderr
+        assert lines[0].startswith("error: bad-argument: ") and words in lines[0], lines[0]

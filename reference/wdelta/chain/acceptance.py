@@ -200,6 +200,41 @@ def check_after(path: PathLike, m: Manifest, seen: PathLike,
     check(accepted_file(seen), m.revision, digest, m.parent, stored_digest)
 
 
+def check_state(
+    path: PathLike, m: Manifest, state: PathLike, policy: Trust | None, storage: Storage,
+    stored_digest: Callable[[int], str | None],
+) -> None:  # fmt: skip
+    """RD-1 and SG-8 to SG-10 for the revision ``m`` read from file ``path`` (its
+    signatures already checked with ``policy``, if any), by a reader whose acceptance
+    state is the file ``state`` (``wdelta chain check --state``: the conformance
+    suite's ``{state}``); roots are walked in ``storage``, ``stored_digest`` as
+    :func:`check`'s."""
+    path, state = as_path(path, "manifest"), as_path(state, "state")
+    accepted = load(state)
+    if accepted is None:
+        raise BadArgumentError(f"--state {state}: no such file")
+    try:
+        digest = digest_bytes(path.read_bytes())
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc}") from exc
+    record = accepted.trust
+    if record is not None and policy is None:
+        raise SignatureInvalidError(_unsigned_refusal(str(state), accepted.revision, record))
+    if record is not None and policy is not None and trust_rotated(record, policy, storage,
+                                                                   str(state)):  # fmt: skip
+        return
+    check(accepted, m.revision, digest, m.parent, stored_digest)
+
+
+def _unsigned_refusal(where: str, revision: int, record: TrustRecord) -> str:
+    return (
+        f"{where} records revision {revision} accepted with signatures (trust root "
+        f"version {record.root} of chain {record.chain!r}): read with --trust ROOT "
+        "(trust=), or with --allow-unsigned (allow_unsigned=True) to stop requiring "
+        "signatures"
+    )
+
+
 class Head(Protocol):
     """What a tracker needs of a chain (``store.Chain``)."""
 
@@ -264,12 +299,7 @@ class Tracker:
         if chain.trust is None:
             if self.allow_unsigned:
                 return False
-            raise SignatureInvalidError(
-                f"{self._where()} records revision {accepted.revision} accepted with "
-                f"signatures (trust root version {record.root} of chain {record.chain!r}): "
-                "read with --trust ROOT (trust=), or with --allow-unsigned "
-                "(allow_unsigned=True) to stop requiring signatures"
-            )
+            raise SignatureInvalidError(_unsigned_refusal(self._where(), accepted.revision, record))
         return trust_rotated(record, chain.trust, chain.storage, self._where())
 
     def _remedy(self, url: str) -> str:

@@ -174,8 +174,9 @@ def signature_lines(c: Chain) -> list[str]:
     return lines
 
 
-def check_signatures(manifest: Path, storage: Storage, trust_file: Path) -> list[str]:
-    """SG-1..SG-5 for one manifest revision file against the signatures in ``storage``."""
+def check_signatures(manifest: Path, storage: Storage, trust: Path | Trust) -> list[str]:
+    """SG-1..SG-5 for one manifest revision file against the signatures in ``storage``,
+    with the trust root file (or policy) ``trust``."""
     revision = revision_of_key(f"manifests/{manifest.name}")
     if revision is None:
         raise BadArgumentError(f"{manifest} is not named rev-RRRRRRRRRRRR.json")
@@ -183,7 +184,8 @@ def check_signatures(manifest: Path, storage: Storage, trust_file: Path) -> list
         data = manifest.read_bytes()
     except OSError as exc:
         raise StorageError(f"cannot read {manifest}: {exc.strerror or exc}") from exc
-    return Trust.from_file(trust_file).check_revision(storage, revision, data)
+    policy = trust if isinstance(trust, Trust) else Trust.from_file(trust)
+    return policy.check_revision(storage, revision, data)
 
 
 def register_signing(
