@@ -276,7 +276,10 @@ class Tracker:
 
     def head(self, chain: Head) -> tuple[Manifest, str]:
         """The chain's head manifest and its digest, checked against what was accepted."""
-        fresh = self.accept_rollback or self._trust_rotated(chain)
+        # The recorded trust is checked even for a deliberate rollback: accepting a lower
+        # revision is not accepting an unsigned one, nor an older root.
+        rotated = self._trust_rotated(chain)
+        fresh = self.accept_rollback or rotated
         if fresh:
             chain.seen_revision = 0  # what this process read before is overruled too
         m, digest = chain.read_head()
