@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from signkit import FAR, key, root_file, signed_chain
+from signkit import FAR, forged_root, key, root_file, signed_chain
 from wdelta import chain
 from wdelta.chain import signing, trust
 from wdelta.chain.trust import Trust, revision_payload, sign_revision, signature_key
@@ -207,6 +207,11 @@ def test_cli_publish_signed_pull_rotate(tmp_path: Path) -> None:
     assert wd("rotate", "cli", "r2.json", cwd=tmp_path).returncode == 0
     r = wd("pull", "cli", "n.safetensors", "--trust", "r1.json", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("error: signature-invalid: "), r.stderr
+    # A root 3 written with bob's (online) key as its root key: refused by rotate.
+    (tmp_path / "evil.json").write_bytes(forged_root(3, "acme/run", ["bob"], ["mallory"], ["bob"]))
+    r = wd("rotate", "cli", "evil.json", cwd=tmp_path)
+    assert r.returncode == 1 and "root keys of root version 2" in r.stderr, r.stderr
+    assert not (tmp_path / "cli" / "trust" / "root-000000000003.json").exists()
     r = wd("sign", "cli", "--trust", "r1.json", "--sign", "bob.key", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     r = wd("append", "cli", s.next_checkpoint(), "--base", s.ckpts[1], "--trust", "r1.json",

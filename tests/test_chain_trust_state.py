@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from signkit import Signed, root_file, signed_chain
 from wdelta import chain
-from wdelta.chain import acceptance
+from wdelta.chain import acceptance, trust
 from wdelta.chain.acceptance import Accepted, TrustRecord
 from wdelta.chain.trust import root_state_beside
 from wdelta.errors import WdeltaError
@@ -142,3 +144,13 @@ def test_cli_check_with_a_state_file_and_its_unhappy_paths(tmp_path: Path) -> No
         lines = r.stderr.splitlines()
         assert r.returncode == 2 and len(lines) == 1, r.stderr
         assert lines[0].startswith("error: bad-argument: ") and words in lines[0], lines[0]
+
+
+@given(data=st.binary(max_size=300))
+@settings(max_examples=100, deadline=None)
+def test_damaged_kept_roots_are_refused_by_name(data: bytes) -> None:
+    path = Path("node/.m.safetensors.wdelta-root.json")
+    try:
+        trust.parse_kept_roots(data, path)
+    except WdeltaError as exc:
+        assert exc.category == "bad-argument" and str(exc).startswith(f"{path}: ")

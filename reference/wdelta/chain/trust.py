@@ -322,6 +322,12 @@ def read_kept_roots(path: Path) -> list[Root]:
         data = read_regular(path, MAX_KEPT, lambda why: _refuse_kept(path, why))
     except FileNotFoundError:
         return []
+    return parse_kept_roots(data, path)
+
+
+def parse_kept_roots(data: bytes, path: Path) -> list[Root]:
+    """The roots held in ``data`` (read from ``path``, named in errors): a damaged or
+    hostile file is refused with BadArgumentError, never ignored."""
     try:
         raw = strictjson.loads(data, BadArgumentError, str(path))
     except (BadArgumentError, UnicodeDecodeError) as exc:
