@@ -382,3 +382,19 @@ def test_a_planted_kept_root_does_not_override_the_trust_file(tmp_path: Path) ->
 
 def s_root(s: Signed) -> chain.Root:
     return chain.read_root_file(s.root)
+
+
+def test_fast_forward_recovery_when_the_only_trainer_key_was_stolen(tmp_path: Path) -> None:
+    """The trainer's only key (alice) is stolen: the root key hands the revisions to bob,
+    bob co-signs the last genuine revision (the head once the attacker's are deleted) and
+    publishes; the node, which accepted the thief's revision 999999999999, follows."""
+    s = signed_chain(tmp_path)
+    _forge_far(s, "alice", 999_999_999_999)
+    assert s.pull().revision == 999_999_999_999
+    root2 = root_file(tmp_path / "r2.json", "test/run", ["bob"], previous=s_root(s))
+    _store_root(s, 2, root2.to_bytes())
+    (s.store / revision_key(999_999_999_999)).unlink()
+    r, data = head_bytes(s)
+    chain.Trust.from_file(s.root).sign(chain.LocalStorage(s.store), r, data, [key("bob")], FAR)
+    new = s.publish(signers=["bob"])
+    assert s.pull().revision == 3 and s.node.read_bytes() == new.read_bytes()
