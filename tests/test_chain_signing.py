@@ -177,9 +177,11 @@ def wd(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_cli_publish_signed_pull_rotate(tmp_path: Path) -> None:
     s = signed_chain(tmp_path)  # the checkpoints; the chain is rebuilt through the CLI
-    for name in ("root", "alice", "bob"):
-        r = wd("keygen", f"{name}.key", cwd=tmp_path)
-        assert r.returncode == 0 and r.stdout.startswith("key "), r.stderr
+    for name, role in (("root", "root"), ("alice", "revisions"), ("bob", None)):
+        labelled = ("--role", role) if role else ()
+        r = wd("keygen", f"{name}.key", *labelled, cwd=tmp_path)
+        said = f"{role} key " if role else "key "
+        assert r.returncode == 0 and r.stdout.startswith(said), r.stderr
         assert os.stat(tmp_path / f"{name}.key").st_mode & 0o077 == 0
     r = wd("root", "r1.json", "--chain-id", "acme/run", "--root-key", "root.key.pub",
            "--revision-key", "alice.key.pub", "--sign", "root.key", cwd=tmp_path)  # fmt: skip
@@ -201,7 +203,9 @@ def test_cli_publish_signed_pull_rotate(tmp_path: Path) -> None:
     # co-signs the head, then publishes. Alice's online key cannot sign a root.
     rotate = ("root", "r2.json", "--previous", "r1.json", "--root-key", "root.key.pub",
               "--revision-key", "bob.key.pub")  # fmt: skip
-    r = wd(*rotate, "--sign", "alice.key", cwd=tmp_path)
+    r = wd(*rotate, "--sign", "alice.key", cwd=tmp_path)  # labelled: refused by its label
+    assert r.returncode == 2 and "--sign takes root keys" in r.stderr, r.stderr
+    r = wd(*rotate, "--sign", "bob.key", cwd=tmp_path)  # unlabelled: by the signature check
     assert r.returncode == 1 and "error: signature-invalid: " in r.stderr, r.stderr
     assert wd(*rotate, "--sign", "root.key", cwd=tmp_path).returncode == 0
     assert wd("rotate", "cli", "r2.json", cwd=tmp_path).returncode == 0
@@ -239,6 +243,9 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root_file(d / "root.json", "acme/run", ["alice"])
     signing.write_json(d / "r", key("root").to_json(), private=True)
     signing.write_json(d / "r.pub", key("root").public.to_json())
+    for role in ("root", "revisions"):  # labelled by keygen --role
+        signing.write_json(d / role, {**key(role).to_json(), "role": role}, private=True)
+        signing.write_json(d / f"{role}.pub", {**key(role).public.to_json(), "role": role})
     return d
 
 
@@ -269,6 +276,16 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "bad-argument", "--root-key"),
         (("root", "r.json", "--chain-id", "c", "--root-key", "r.pub", "--revision-key", "k.pub",
           "--sign", "k"), "signature-invalid", "root keys"),
+        (("root", "r.json", "--chain-id", "c", "--root-key", "revisions.pub", "--revision-key",
+          "k.pub", "--sign", "r"), "bad-argument", "--root-key takes root keys"),
+        (("root", "r.json", "--chain-id", "c", "--root-key", "r.pub", "--revision-key",
+          "root.pub", "--sign", "r"), "bad-argument", "--revision-key takes revisions keys"),
+        (("root", "r.json", "--chain-id", "c", "--root-key", "r.pub", "--revision-key", "k.pub",
+          "--sign", "revisions"), "bad-argument", "--sign takes root keys"),
+        (("append", "s", "c.st", "--base", "b.st", "--trust", "root.json", "--sign", "root"),
+         "bad-argument", "keep root keys offline"),
+        (("sign", "s", "--trust", "root.json", "--sign", "root"), "bad-argument",
+         "keep root keys offline"),
         (("keygen", "k"), "bad-argument", "exists"),
         (("rotate", "s", "page.html"), "bad-argument", "not a trust root"),
     ],

@@ -37,10 +37,10 @@ from .trust import Trust
 
 def _trust_args(args: argparse.Namespace) -> dict[str, Any]:
     """Chain(...) keywords from --trust, --sign and --expires-days (signing.py loads keys)."""
-    from .signing import load_signing_key
+    from .signing import load_revision_key
 
     trust = getattr(args, "trust", None)
-    keys = [load_signing_key(Path(k)) for k in getattr(args, "sign", None) or []]
+    keys = [load_revision_key(Path(k)) for k in getattr(args, "sign", None) or []]
     out: dict[str, Any] = {"trust": None if trust is None else Trust.from_file(Path(trust))}
     if keys:
         out["sign"] = keys

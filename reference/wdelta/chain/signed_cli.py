@@ -15,7 +15,15 @@ from ..errors import BadArgumentError, StorageError
 from ..terminal import printable
 from .errors import ConflictError, NotFoundError, SignatureInvalidError
 from .manifest import parse_manifest, revision_key, revision_of_key
-from .signing import generate, load_public_key, load_signing_key, write_json
+from .signing import (
+    KEY_ROLES,
+    check_role,
+    generate,
+    load_public_key,
+    load_revision_key,
+    load_signing_key,
+    write_json,
+)
 from .storage import open_storage
 from .storage.base import Storage
 from .store import Chain
@@ -35,9 +43,11 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     public = Path(f"{path}.pub")
     if public.exists():
         raise BadArgumentError(f"{public} exists; choose another key file name")
-    write_json(path, key.to_json(), private=True)
-    write_json(public, key.public.to_json())
-    print(f"key {key.public.keyid}: private {path} (mode 600), public {public}")
+    label = {} if args.role is None else {"role": args.role}
+    write_json(path, {**key.to_json(), **label}, private=True)
+    write_json(public, {**key.public.to_json(), **label})
+    role = "" if args.role is None else f"{args.role} "
+    print(f"{role}key {key.public.keyid}: private {path} (mode 600), public {public}")
     return 0
 
 
@@ -56,6 +66,10 @@ def _cmd_root(args: argparse.Namespace) -> int:
             "a root needs at least one --root-key PUB, one --revision-key PUB and one "
             "--sign KEY (a private root key)"
         )
+    for flag, role, paths in (("--root-key", "root", args.root_key), ("--sign", "root", args.sign),
+                              ("--revision-key", "revisions", args.revision_key)):  # fmt: skip
+        for k in paths:
+            check_role(Path(k), role, flag)
     root = make_root(
         chain_id,
         root_keys=[load_public_key(Path(k)) for k in args.root_key],
@@ -105,7 +119,7 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
 def _cmd_sign(args: argparse.Namespace) -> int:
     """Add signatures to an existing revision (co-signing, or signing an unsigned chain)."""
     trust = Trust.from_file(Path(args.trust))
-    keys = [load_signing_key(Path(k)) for k in args.sign]
+    keys = [load_revision_key(Path(k)) for k in args.sign]
     if not keys:
         raise BadArgumentError("sign needs at least one --sign KEY")
     c = Chain(open_storage(args.url))
@@ -194,6 +208,9 @@ def register_signing(
     """Add keygen, root, rotate, sign and refresh to ``wdelta chain``."""
     p = sub.add_parser("keygen", help="create an Ed25519 signing key (KEY) and KEY.pub")
     p.add_argument("keyfile", help="the private key file to create (mode 600)")
+    p.add_argument("--role", choices=KEY_ROLES, default=None,
+                   help="label the key: 'root' (offline, signs roots) or 'revisions' "
+                   "(online, signs revisions); commands refuse it in the other role")  # fmt: skip
     p.set_defaults(func=_cmd_keygen)
     p = sub.add_parser("root", help="write a signed trust root (or its next version)")
     p.add_argument("out", help="the root file to create")
