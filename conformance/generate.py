@@ -44,6 +44,7 @@ from vectorgen import (  # noqa: E402
     positions,
     signatures,
     special,
+    state_cases,
 )
 from vectorgen.suite import FORMAT_VERSION, MANIFEST_VERSION, Suite  # noqa: E402
 
@@ -89,6 +90,7 @@ def build_suite() -> Suite:
     chains.add_rule_cases(suite)
     chains.add_store_cases(suite)
     signatures.add_signature_cases(suite)
+    state_cases.add_state_cases(suite)
     chains.add_seen_cases(suite)
     return suite
 

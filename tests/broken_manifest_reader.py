@@ -7,12 +7,17 @@
 (duplicate keys, NaN, lone surrogates and deep nesting pass); ``no-reachability``
 skips CH-9; ``skip-missing`` skips listed files missing from storage (RD-3);
 ``ignore-signatures`` takes ``--trust`` but never checks a signature (SG-1..SG-5);
+``any-role`` lets every key of a trust root sign both roots and revisions (no roles);
+``forget-trust`` reads ``--state`` without the trust it records (SG-8, SG-9);
+``no-reset`` never releases a state after a root rotation (SG-10);
+``reset-on-rotation`` releases it after any newer root, even one that keeps the signers;
 ``ignore-after`` drops ``--after`` (no memory of an accepted revision, RD-1);
 ``revision-only`` compares revision numbers with the accepted one, never digests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -24,6 +29,7 @@ import wdelta.chain.graph
 import wdelta.chain.manifest
 import wdelta.chain.ops
 import wdelta.chain.signed_cli
+import wdelta.chain.trust
 from wdelta import api, cli
 from wdelta.chain.errors import ManifestInvalidError, NotFoundError
 from wdelta.chain.fetch import fetch_link, materialize_snapshot
@@ -55,6 +61,30 @@ def revision_only(accepted: Any, revision: int, *rest: Any) -> None:
         raise ManifestInvalidError(f"revision {revision} is lower than {accepted.revision}")
 
 
+def forget_trust() -> None:
+    load = wdelta.chain.acceptance.load
+    wdelta.chain.acceptance.load = lambda path: dataclasses.replace(load(path), trust=None)  # type: ignore[type-var]
+
+
+def no_reset() -> None:
+    rotated = wdelta.chain.acceptance.trust_rotated
+    wdelta.chain.acceptance.trust_rotated = lambda *a: rotated(*a) and False
+
+
+def reset_on_rotation() -> None:
+    rotated = wdelta.chain.acceptance.trust_rotated
+
+    def any_newer_root(record: Any, policy: Any, *rest: Any) -> bool:
+        rotated(record, policy, *rest)  # its refusals (another chain, an older root)
+        return bool(policy.root.version > record.root)
+
+    wdelta.chain.acceptance.trust_rotated = any_newer_root
+
+
+STATE_MODES = {"forget-trust": forget_trust, "no-reset": no_reset,
+               "reset-on-rotation": reset_on_rotation}  # fmt: skip
+
+
 def main(mode: str, args: list[str]) -> int:
     if mode == "plain-json":
         wdelta.chain.manifest._load_json = plain_json  # type: ignore[assignment]
@@ -64,6 +94,10 @@ def main(mode: str, args: list[str]) -> int:
         wdelta.chain.ops.check_files = skip_missing
     if mode == "ignore-signatures":
         wdelta.chain.signed_cli.check_signatures = lambda *args: []
+    if mode == "any-role":
+        wdelta.chain.trust.role_keys = lambda root, role: root.keys
+    if mode in STATE_MODES:
+        STATE_MODES[mode]()
     if mode == "ignore-after" and "--after" in args:
         at = args.index("--after")
         args = args[:at] + args[at + 2 :]

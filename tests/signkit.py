@@ -4,7 +4,7 @@ and a node that pulled it with a trust policy."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from chainkit import Trainer
@@ -24,13 +24,34 @@ def key(name: str) -> signing.SigningKey:
 def root_file(
     path: Path, chain_id: str, keys: list[str], threshold: int = 1,
     signers: list[str] | None = None, previous: trust.Root | None = None, expires: str = FAR,
+    root_keys: tuple[str, ...] = ("root",), root_threshold: int = 1,
 ) -> trust.Root:  # fmt: skip
+    """A root whose revisions role is ``keys`` (``threshold``) and whose root role is
+    ``root_keys`` (the offline key "root" by default), signed by ``signers`` (default:
+    the root keys)."""
     r = trust.make_root(
-        chain_id, [key(k).public for k in keys], threshold, expires,
-        [key(k) for k in signers or keys], previous,
+        chain_id, root_keys=[key(k).public for k in root_keys], root_threshold=root_threshold,
+        revision_keys=[key(k).public for k in keys], revision_threshold=threshold,
+        expires=expires, signers=[key(k) for k in signers or root_keys], previous=previous,
     )  # fmt: skip
     path.write_bytes(r.to_bytes())
     return r
+
+
+def forged_root(
+    version: int, chain_id: str, root_keys: list[str], keys: list[str], signers: list[str]
+) -> bytes:
+    """Root ``version`` well formed and signed over its real content by ``signers``
+    (say, an attacker's stolen keys), whether or not a node should accept it."""
+    pub = {k: key(k).public for k in [*root_keys, *keys]}
+    r = trust.Root(
+        version, chain_id, FAR, {p.keyid: p for p in pub.values()},
+        trust.Role(tuple(sorted(pub[k].keyid for k in root_keys)), 1),
+        trust.Role(tuple(sorted(pub[k].keyid for k in keys)), 1),
+    )  # fmt: skip
+    payload = signing.canonical(r.signed())
+    sigs = tuple((key(k).public.keyid, key(k).sign(payload)) for k in signers)
+    return replace(r, signatures=sigs).to_bytes()
 
 
 @dataclass

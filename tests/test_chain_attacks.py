@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 from chainkit import S3Server, Wrapped
-from signkit import FAR, PAST, Signed, key, root_file, signed_chain
+from signkit import FAR, PAST, Signed, forged_root, key, root_file, signed_chain
 from wdelta import chain
+from wdelta.chain import acceptance
 from wdelta.chain.manifest import revision_key
 from wdelta.chain.storage.base import Storage
 from wdelta.chain.storage.s3 import S3Storage
 from wdelta.chain.trust import (
+    read_kept_roots,
     revision_payload,
     root_state_beside,
     sign_revision,
@@ -67,7 +69,7 @@ def _forge_revision(s: Signed, signer: str) -> bytes:
     new = (json.dumps(doc, indent=2) + "\n").encode()
     obj = sign_revision(key(signer), revision_payload("test/run", r + 1, new, FAR))
     target = s.store / signature_key(digest_bytes(new), obj.keyid)
-    target.parent.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(obj.to_bytes())
     (s.store / revision_key(r + 1)).write_bytes(new)
     return new
@@ -96,7 +98,8 @@ def test_rollback(tmp_path: Path) -> None:
 def test_indefinite_freeze(tmp_path: Path) -> None:
     s = signed_chain(tmp_path)
     s.publish_expired()  # the newest revision the storage keeps serving
-    s.pull(chain.Chain(s.store, tmp_path / "ncache"))  # without a policy: silently served
+    # Without a policy (and told to forget that the node required one), silently served.
+    chain.pull(chain.Chain(s.store, tmp_path / "ncache"), s.node, allow_unsigned=True)
     s.node.write_bytes(s.ckpts[1].read_bytes())
     err = refused("frozen", s)
     assert "frozen" in str(err)
@@ -203,7 +206,7 @@ def test_key_compromise(tmp_path: Path) -> None:
     (tmp_path / "one").mkdir()
     t = signed_chain(tmp_path / "one", keys=["alice", "carol"], threshold=1, signers=["alice"])
     old = chain.read_root_file(t.root)
-    root_file(t.tmp / "root2.json", "test/run", ["alice"], 1, ["alice"], previous=old)
+    root_file(t.tmp / "root2.json", "test/run", ["alice"], previous=old)  # by the root key
     t.store.joinpath("trust", "root-000000000002.json").write_bytes(
         (t.tmp / "root2.json").read_bytes()
     )
@@ -213,16 +216,36 @@ def test_key_compromise(tmp_path: Path) -> None:
     # restarted from the old trust file: it keeps the newest root beside its checkpoint.
     (t.store / "trust" / "root-000000000002.json").unlink()
     refused("signature-invalid", t)
-    assert chain.read_root_file(root_state_beside(t.node)).version == 2
+    assert read_kept_roots(root_state_beside(t.node))[-1].version == 2
     (t.store / "trust" / "root-000000000002.json").write_bytes((t.tmp / "root2.json").read_bytes())
     # A root 3 the attacker wrote itself, signed by carol only.
     (t.store / revision_key(3)).unlink()
-    root_file(t.tmp / "evil2.json", "test/run", ["carol"], 1, ["carol"], previous=None)
-    evil2 = json.loads((t.tmp / "evil2.json").read_text())
-    evil2["signed"]["version"] = 3
-    t.store.joinpath("trust", "root-000000000003.json").write_text(json.dumps(evil2))
+    evil = forged_root(3, "test/run", ["carol"], ["mallory"], ["carol"])
+    t.store.joinpath("trust", "root-000000000003.json").write_bytes(evil)
     err = refused("signature-invalid", t)
     assert "root-000000000003" in str(err)
+
+
+def test_a_stolen_online_key_cannot_rewrite_the_trust(tmp_path: Path) -> None:
+    """The revisions key (online, the trainer's) signs revisions only: holding it at
+    threshold, an attacker publishes (until rotation) but cannot write a root that
+    makes its key permanent or drops the publisher's, nor sign one with the old root's
+    revisions role (SG-2 counts root-role signatures only)."""
+    s = signed_chain(tmp_path)  # root role: "root" (offline); revisions role: alice
+    for root_keys in (["alice"], ["mallory"]):
+        evil = forged_root(2, "test/run", root_keys, ["eve"], ["alice", "mallory"])
+        s.store.joinpath("trust", "root-000000000002.json").write_bytes(evil)
+        _forge_revision(s, "eve")
+        err = refused("signature-invalid", s)
+        assert "root keys of root version 1" in str(err)
+        (s.store / revision_key(3)).unlink()
+    assert not root_state_beside(s.node).exists()  # nothing of it was kept
+    # A root of the single-role format, self-signed by alice, is refused too.
+    old = json.loads(evil)
+    del old["signed"]["format_version"], old["signed"]["roles"]
+    old["signed"]["threshold"] = 1
+    s.store.joinpath("trust", "root-000000000002.json").write_text(json.dumps(old))
+    refused("unsupported-version", s)
 
 
 def test_wrong_chain_replay(tmp_path: Path) -> None:
@@ -230,7 +253,11 @@ def test_wrong_chain_replay(tmp_path: Path) -> None:
     s.publish()
     root_b = tmp_path / "root-b.json"
     root_file(root_b, "acme/b", ["alice"])  # same key, another chain
-    refused("signature-invalid", s, s.node_chain(root_b))
+    with pytest.raises(WdeltaError) as info:  # a fresh node of chain b, chain a's store
+        chain.pull(s.node_chain(root_b), tmp_path / "b.safetensors", state=False)
+    assert info.value.category == "signature-invalid"
+    # The node of chain a, given chain b's root: its state names chain a.
+    assert refused("bad-argument", s, s.node_chain(root_b)).args[0].count("acme/a") == 1
 
 
 def test_fast_forward(tmp_path: Path) -> None:
@@ -251,13 +278,13 @@ def test_in_memory_follower_keeps_the_revocation(tmp_path: Path) -> None:
     keeps it beside its checkpoint: a restarted follower is not fooled by a deleted root."""
     t = signed_chain(tmp_path, keys=["alice", "carol"], threshold=1, signers=["alice"])
     old = chain.read_root_file(t.root)
-    root_file(t.tmp / "root2.json", "test/run", ["alice"], 1, ["alice"], previous=old)
+    root_file(t.tmp / "root2.json", "test/run", ["alice"], previous=old)
     root2 = t.store / "trust" / "root-000000000002.json"
     root2.write_bytes((t.tmp / "root2.json").read_bytes())
     state = tmp_path / "follower" / "state.json"
     state.parent.mkdir()
     weights, _ = chain.load(t.node_chain(), trust=t.root, state=state)  # walks to root 2
-    assert chain.read_root_file(root_state_beside(state)).version == 2
+    assert read_kept_roots(root_state_beside(state))[-1].version == 2
     root2.unlink()  # the attacker deletes the revocation and signs with the stolen key
     _forge_revision(t, "carol")
     with pytest.raises(WdeltaError) as info:
@@ -270,3 +297,104 @@ def test_in_memory_follower_keeps_the_revocation(tmp_path: Path) -> None:
         list(polls)
     assert info.value.category == "signature-invalid"
     assert all((weights[n] == before[n]).all() for n in before)
+
+
+def _forge_far(s: Signed, signer: str, revision: int) -> None:
+    """Revision ``revision`` (far above the head) with the head's content, signed by
+    ``signer``: what a stolen revisions key publishes to fast-forward the nodes."""
+    data = head_bytes(s)[1]
+    doc = json.loads(data)
+    doc["revision"], doc["parent"] = revision, {"revision": revision - 1, "digest": "0" * 64}
+    new = (json.dumps(doc, indent=2) + "\n").encode()
+    obj = sign_revision(key(signer), revision_payload("test/run", revision, new, FAR))
+    target = s.store / signature_key(digest_bytes(new), obj.keyid)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(obj.to_bytes())
+    (s.store / revision_key(revision)).write_bytes(new)
+
+
+def _store_root(s: Signed, version: int, data: bytes) -> None:
+    (s.store / "trust" / f"root-{version:012d}.json").write_bytes(data)
+
+
+def test_fast_forward_recovery_by_root_rotation(tmp_path: Path) -> None:
+    """A stolen revisions key (carol) publishes revision 999999999999 and nodes accept
+    it. Rolling the storage back is refused; a root the attacker signs is refused; a
+    rotation that keeps carol changes nothing; the offline root key's rotation that
+    revokes carol releases the nodes from it, and they accept the writer's next revision
+    without --accept-rollback (SG-10)."""
+    s = signed_chain(tmp_path, keys=["alice", "carol"], threshold=1, signers=["alice"])
+    node = s.node_chain()  # a long-running node: what it read is also in memory
+    far = 999_999_999_999
+    _forge_far(s, "carol", far)
+    assert s.pull(node).revision == far
+    (s.store / revision_key(far)).unlink()  # the operator cleans the storage up
+    refused("manifest-invalid", s, node)
+    refused("manifest-invalid", s)  # restarted: the state file
+    # Without the root key, the attacker cannot release the nodes.
+    _store_root(s, 2, forged_root(2, "test/run", ["carol2"], ["carol"], ["carol", "carol2"]))
+    refused("signature-invalid", s)
+    # A rotation that keeps carol (adds dave) leaves the record binding.
+    root1 = chain.read_root_file(s.root)
+    root2 = root_file(tmp_path / "r2.json", "test/run", ["alice", "carol", "dave"], previous=root1)
+    _store_root(s, 2, root2.to_bytes())
+    refused("manifest-invalid", s)
+    # The rotation that revokes carol: the nodes start afresh from the head.
+    root3 = root_file(tmp_path / "r3.json", "test/run", ["alice", "dave"], previous=root2)
+    _store_root(s, 3, root3.to_bytes())
+    new = s.publish()  # revision 3, signed by alice
+    assert s.pull(node).revision == 3
+    assert s.node.read_bytes() == new.read_bytes()
+    state = acceptance.load(acceptance.state_beside(s.node))
+    assert state is not None and state.revision == 3 and state.trust is not None
+    assert state.trust.root == 3 and state.trust.signers == (key("alice").public.keyid,)
+    # From there on RD-1 binds again.
+    s.publish()
+    assert s.pull().revision == 4
+    (s.store / revision_key(4)).unlink()
+    refused("manifest-invalid", s)
+
+
+def test_a_planted_kept_root_does_not_override_the_trust_file(tmp_path: Path) -> None:
+    """Whoever can write the node's folder plants a root (self-signed, same chain id)
+    where the node keeps the roots it walked to: it must descend, root by root, from
+    the operator's trust file, or the node refuses (and keeps its checkpoint)."""
+    s = signed_chain(tmp_path)
+    kept = root_state_beside(s.node)
+    evil = forged_root(2, "test/run", ["mallory"], ["eve"], ["mallory"])
+    _forge_revision(s, "eve")
+    kept.write_bytes(evil)  # a single root, as kept before roots were chained
+    refused("bad-argument", s)
+    genuine = root_file(tmp_path / "r2.json", "test/run", ["alice"], previous=s_root(s))
+    for roots in ([evil], [genuine.to_bytes(), forged_root(3, "test/run", ["mallory"], ["eve"],
+                                                            ["mallory"])]):  # fmt: skip
+        docs = [json.loads(r) for r in roots]
+        kept.write_text(json.dumps({"format": "wdelta-kept-roots", "roots": docs}))
+        err = refused("signature-invalid", s)
+        assert str(kept) in str(err) and "does not descend from trust root version 1" in str(err)
+    # The genuine root 2 alone is resumed from (the node is then at root 2).
+    kept.write_text(json.dumps({"format": "wdelta-kept-roots", "roots": [genuine.to_json()]}))
+    refused("signature-invalid", s)  # eve is not trusted by root 2 either
+    policy = chain.Trust.from_file(s.root)
+    policy.resume(kept)
+    assert policy.root.version == 2
+
+
+def s_root(s: Signed) -> chain.Root:
+    return chain.read_root_file(s.root)
+
+
+def test_fast_forward_recovery_when_the_only_trainer_key_was_stolen(tmp_path: Path) -> None:
+    """The trainer's only key (alice) is stolen: the root key hands the revisions to bob,
+    bob co-signs the last genuine revision (the head once the attacker's are deleted) and
+    publishes; the node, which accepted the thief's revision 999999999999, follows."""
+    s = signed_chain(tmp_path)
+    _forge_far(s, "alice", 999_999_999_999)
+    assert s.pull().revision == 999_999_999_999
+    root2 = root_file(tmp_path / "r2.json", "test/run", ["bob"], previous=s_root(s))
+    _store_root(s, 2, root2.to_bytes())
+    (s.store / revision_key(999_999_999_999)).unlink()
+    r, data = head_bytes(s)
+    chain.Trust.from_file(s.root).sign(chain.LocalStorage(s.store), r, data, [key("bob")], FAR)
+    new = s.publish(signers=["bob"])
+    assert s.pull().revision == 3 and s.node.read_bytes() == new.read_bytes()

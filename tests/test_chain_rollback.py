@@ -95,7 +95,12 @@ GOOD = Accepted(3, _d("r3"), "store").to_bytes()
         (GOOD.replace(b'"revision": 3', b'"revision": 3, "revision": 9'), "duplicate"),
         (GOOD.replace(b'"revision": 3', b'"revision": NaN'), "not strict JSON"),
         (GOOD.replace(b'"digest": "', b'"digest": "A'), "schema violation"),
-        (GOOD.replace(b'"version": 1', b'"version": 2'), "schema violation"),
+        (GOOD.replace(b'"version": 2', b'"version": 3'), "schema violation"),
+        (GOOD.replace(b'"revision": 3', b'"revision": 3, "trust": {"chain": "c", "root": 1, '
+                      b'"signers": []}'), "schema violation"),
+        (GOOD.replace(b'"version": 2', b'"version": 1').replace(
+            b'"revision": 3', b'"revision": 3, "trust": {"chain": "c", "root": 1, "signers": ["'
+            + b"a" * 64 + b'"]}'), "schema violation"),  # trust in a version-1 state
         (GOOD.replace(b"store", b"st\xffre"), "not strict JSON"),
         (b"[" * 100 + b"]" * 100, "not strict JSON"),
         (b" " * (acceptance.MAX_STATE_BYTES + 1), "bytes"),
@@ -118,9 +123,12 @@ class FakeChain:
 
     url = "fake"
     seen_revision = 0
+    trust = None  # unsigned: RD-1 alone
+    storage = None
 
     def __init__(self) -> None:
         self.revisions: dict[int, str] = {}
+        self.head_signers: list[str] = []
 
     def read_head(self) -> tuple[Manifest, str]:
         r = max(self.revisions)

@@ -8,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from signkit import FAR, key, root_file, signed_chain
+from signkit import FAR, forged_root, key, root_file, signed_chain
 from wdelta import chain
 from wdelta.chain import signing, trust
 from wdelta.chain.trust import Trust, revision_payload, sign_revision, signature_key
@@ -48,25 +49,51 @@ def test_a_signature_verifies_only_its_payload(payload: bytes, at: int, bit: int
     assert not k.public.verify("zz" * 64, payload)
 
 
-def test_make_root_checks_thresholds(tmp_path: Path) -> None:
+def _category(call: Callable[[], object]) -> str:
     with pytest.raises(WdeltaError) as info:
-        root_file(tmp_path / "r.json", "c", ["alice", "bob"], 2, signers=["alice"])
-    assert info.value.category == "signature-invalid"
-    with pytest.raises(WdeltaError) as info:
-        root_file(tmp_path / "r.json", "c", ["alice"], 2)
-    assert info.value.category == "bad-argument"
+        call()
+    return info.value.category
+
+
+def test_make_root_checks_roles_and_thresholds(tmp_path: Path) -> None:
+    r = tmp_path / "r.json"
+    two_root_keys = {"root_keys": ("root", "root2"), "root_threshold": 2}
+    assert _category(lambda: root_file(r, "c", ["alice"], signers=["root"],
+                                       **two_root_keys)) == "signature-invalid"  # fmt: skip
+    assert _category(lambda: root_file(r, "c", ["alice"], 2)) == "bad-argument"
+    with pytest.raises(BadArgumentError, match="both the root and the revisions role"):
+        root_file(r, "c", ["alice"], root_keys=("alice",))  # an online key cannot be a root key
+    # A revisions key cannot sign a root: only the root role does.
+    assert _category(lambda: root_file(r, "c", ["alice"], signers=["alice"])) == "signature-invalid"
     old = root_file(tmp_path / "r1.json", "c", ["alice"])
-    with pytest.raises(WdeltaError) as info:  # the old keys must sign the new root
-        root_file(tmp_path / "r2.json", "c", ["bob"], 1, ["bob"], previous=old)
-    assert info.value.category == "signature-invalid"
-    new = root_file(tmp_path / "r2.json", "c", ["bob"], 1, ["alice", "bob"], previous=old)
+    for signers in (["root2"], ["root2", "alice"]):  # the old root role must sign the new root
+        assert _category(lambda s=signers: root_file(  # type: ignore[misc]
+            r, "c", ["bob"], root_keys=("root2",), signers=s, previous=old)) == "signature-invalid"
+    new = root_file(tmp_path / "r2.json", "c", ["bob"], root_keys=("root2",),
+                    signers=["root", "root2"], previous=old)  # fmt: skip
     assert new.version == 2 and chain.read_root_file(tmp_path / "r2.json") == new
+    assert new.root.keyids == (key("root2").public.keyid,)
+    assert new.revisions.keyids == (key("bob").public.keyid,)
+
+
+def test_a_version_1_root_is_refused_as_unsupported(tmp_path: Path) -> None:
+    """A root of the single-role format is refused, never read as if its keys could do
+    everything; an old reader refuses a new root by its schema (closed members)."""
+    root_file(tmp_path / "r.json", "c", ["alice"])
+    doc = json.loads((tmp_path / "r.json").read_text())
+    signed = doc["signed"]
+    del signed["format_version"], signed["roles"]
+    signed["threshold"] = 1
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    with pytest.raises(WdeltaError) as info:
+        chain.read_root_file(tmp_path / "old.json")
+    assert info.value.category == "unsupported-version" and "--revision-key" in str(info.value)
 
 
 def test_tampered_root_file_is_refused(tmp_path: Path) -> None:
     root_file(tmp_path / "r.json", "c", ["alice"])
     doc = json.loads((tmp_path / "r.json").read_text())
-    doc["signed"]["threshold"] = 1
+    doc["signed"]["roles"]["revisions"]["threshold"] = 1
     doc["signed"]["expires"] = "2098-01-01T00:00:00Z"
     (tmp_path / "r.json").write_text(json.dumps(doc))
     with pytest.raises(WdeltaError) as info:
@@ -150,12 +177,15 @@ def wd(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_cli_publish_signed_pull_rotate(tmp_path: Path) -> None:
     s = signed_chain(tmp_path)  # the checkpoints; the chain is rebuilt through the CLI
-    for name in ("alice", "bob"):
-        r = wd("keygen", f"{name}.key", cwd=tmp_path)
-        assert r.returncode == 0 and r.stdout.startswith("key "), r.stderr
+    for name, role in (("root", "root"), ("alice", "revisions"), ("bob", None)):
+        labelled = ("--role", role) if role else ()
+        r = wd("keygen", f"{name}.key", *labelled, cwd=tmp_path)
+        said = f"{role} key " if role else "key "
+        assert r.returncode == 0 and r.stdout.startswith(said), r.stderr
         assert os.stat(tmp_path / f"{name}.key").st_mode & 0o077 == 0
-    assert wd("root", "r1.json", "--chain-id", "acme/run", "--key", "alice.key.pub",
-              "--sign", "alice.key", cwd=tmp_path).returncode == 0  # fmt: skip
+    r = wd("root", "r1.json", "--chain-id", "acme/run", "--root-key", "root.key.pub",
+           "--revision-key", "alice.key.pub", "--sign", "root.key", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0 and "root role 1 of 1 keys, revisions role 1 of 1" in r.stdout
     signed = ("--trust", "r1.json", "--sign", "alice.key")
     assert wd("init", "cli", s.ckpts[0], *signed, cwd=tmp_path).returncode == 0
     assert wd("append", "cli", s.ckpts[1], "--base", s.ckpts[0], *signed,
@@ -169,12 +199,23 @@ def test_cli_publish_signed_pull_rotate(tmp_path: Path) -> None:
     r = wd("log", "cli", "--trust", "r1.json", cwd=tmp_path)
     assert f"signed by {key_of(tmp_path / 'alice.key.pub')[:16]}" in r.stdout
     assert "(unverified" in wd("log", "cli", cwd=tmp_path).stdout
-    # Rotation: alice hands over to bob; bob co-signs the head, then publishes.
-    assert wd("root", "r2.json", "--previous", "r1.json", "--key", "bob.key.pub",
-              "--sign", "alice.key", "--sign", "bob.key", cwd=tmp_path).returncode == 0  # fmt: skip
+    # Rotation: the offline root key hands the revisions over from alice to bob; bob
+    # co-signs the head, then publishes. Alice's online key cannot sign a root.
+    rotate = ("root", "r2.json", "--previous", "r1.json", "--root-key", "root.key.pub",
+              "--revision-key", "bob.key.pub")  # fmt: skip
+    r = wd(*rotate, "--sign", "alice.key", cwd=tmp_path)  # labelled: refused by its label
+    assert r.returncode == 2 and "--sign takes root keys" in r.stderr, r.stderr
+    r = wd(*rotate, "--sign", "bob.key", cwd=tmp_path)  # unlabelled: by the signature check
+    assert r.returncode == 1 and "error: signature-invalid: " in r.stderr, r.stderr
+    assert wd(*rotate, "--sign", "root.key", cwd=tmp_path).returncode == 0
     assert wd("rotate", "cli", "r2.json", cwd=tmp_path).returncode == 0
     r = wd("pull", "cli", "n.safetensors", "--trust", "r1.json", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("error: signature-invalid: "), r.stderr
+    # A root 3 written with bob's (online) key as its root key: refused by rotate.
+    (tmp_path / "evil.json").write_bytes(forged_root(3, "acme/run", ["bob"], ["mallory"], ["bob"]))
+    r = wd("rotate", "cli", "evil.json", cwd=tmp_path)
+    assert r.returncode == 1 and "root keys of root version 2" in r.stderr, r.stderr
+    assert not (tmp_path / "cli" / "trust" / "root-000000000003.json").exists()
     r = wd("sign", "cli", "--trust", "r1.json", "--sign", "bob.key", "--yes", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     r = wd("append", "cli", s.next_checkpoint(), "--base", s.ckpts[1], "--trust", "r1.json",
@@ -200,6 +241,11 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "page.html").write_text("<!doctype html><html><body>Sign in</body></html>\n")
     (d / "x.wdelta").write_bytes(b"WDELTA\x00\x01" + bytes(56))
     root_file(d / "root.json", "acme/run", ["alice"])
+    signing.write_json(d / "r", key("root").to_json(), private=True)
+    signing.write_json(d / "r.pub", key("root").public.to_json())
+    for role in ("root", "revisions"):  # labelled by keygen --role
+        signing.write_json(d / role, {**key(role).to_json(), "role": role}, private=True)
+        signing.write_json(d / f"{role}.pub", {**key(role).public.to_json(), "role": role})
     return d
 
 
@@ -220,10 +266,26 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (("pull", "s", "n.st", "--trust", "."), "bad-argument", "folder"),
         (("sign", "s", "--trust", "root.json", "--sign", "page.html"), "bad-argument",
          "not a signing key file"),
-        (("root", "r.json", "--chain-id", "bad id", "--key", "k.pub", "--sign", "k"),
-         "bad-argument", "invalid root"),
-        (("root", "r.json", "--chain-id", "c", "--key", "k", "--sign", "k"), "bad-argument",
-         "not a public key"),
+        (("root", "r.json", "--chain-id", "bad id", "--root-key", "r.pub", "--revision-key",
+          "k.pub", "--sign", "r"), "bad-argument", "invalid root"),
+        (("root", "r.json", "--chain-id", "c", "--root-key", "r", "--revision-key", "k.pub",
+          "--sign", "r"), "bad-argument", "not a public key"),
+        (("root", "r.json", "--chain-id", "c", "--root-key", "k.pub", "--revision-key", "k.pub",
+          "--sign", "k"), "bad-argument", "both the root and the revisions role"),
+        (("root", "r.json", "--chain-id", "c", "--revision-key", "k.pub", "--sign", "r"),
+         "bad-argument", "--root-key"),
+        (("root", "r.json", "--chain-id", "c", "--root-key", "r.pub", "--revision-key", "k.pub",
+          "--sign", "k"), "signature-invalid", "root keys"),
+        (("root", "r.json", "--chain-id", "c", "--root-key", "revisions.pub", "--revision-key",
+          "k.pub", "--sign", "r"), "bad-argument", "--root-key takes root keys"),
+        (("root", "r.json", "--chain-id", "c", "--root-key", "r.pub", "--revision-key",
+          "root.pub", "--sign", "r"), "bad-argument", "--revision-key takes revisions keys"),
+        (("root", "r.json", "--chain-id", "c", "--root-key", "r.pub", "--revision-key", "k.pub",
+          "--sign", "revisions"), "bad-argument", "--sign takes root keys"),
+        (("append", "s", "c.st", "--base", "b.st", "--trust", "root.json", "--sign", "root"),
+         "bad-argument", "keep root keys offline"),
+        (("sign", "s", "--trust", "root.json", "--sign", "root"), "bad-argument",
+         "keep root keys offline"),
         (("keygen", "k"), "bad-argument", "exists"),
         (("rotate", "s", "page.html"), "bad-argument", "not a trust root"),
     ],
@@ -240,7 +302,7 @@ def test_cli_unhappy_paths(keys: Path, args: tuple[str, ...], category: str, wor
 def test_trust_module_rejects_a_root_walk_that_skips_a_chain(tmp_path: Path) -> None:
     s = signed_chain(tmp_path)
     old = chain.read_root_file(s.root)
-    other = trust.make_root("other/run", [key("alice").public], 1, FAR, [key("alice")], None)
+    other = root_file(tmp_path / "other.json", "other/run", ["alice"])
     doc = other.to_json()
     doc["signed"]["version"] = 2
     (s.store / "trust" / "root-000000000002.json").write_text(json.dumps(doc))
@@ -271,7 +333,8 @@ def test_the_kept_root_must_be_of_the_same_chain(tmp_path: Path) -> None:
     s = signed_chain(tmp_path)
     kept = trust.root_state_beside(s.node)
     assert not kept.exists()  # the trust file's own root is not worth keeping
-    root_file(kept, "other/run", ["alice"])
+    other = root_file(tmp_path / "other.json", "other/run", ["alice"])
+    kept.write_text(json.dumps({"format": "wdelta-kept-roots", "roots": [other.to_json()]}))
     with pytest.raises(WdeltaError) as info:
         s.pull()
     assert info.value.category == "bad-argument" and "other/run" in str(info.value)

@@ -202,17 +202,17 @@ def refused_pull(s: Signed, category: str) -> None:
 
 
 def _rotated(s: Signed, keys: list[str], expires: str = FAR) -> None:
-    """Store root version 2 (signed by alice and its own keys) in the chain."""
+    """Store root version 2 (revisions role ``keys``, signed by the root key) in the chain."""
     old = chain.read_root_file(s.root)
     new = s.tmp / "root2.json"
-    root_file(new, "test/run", keys, 1, sorted({"alice", *keys}), previous=old, expires=expires)
+    root_file(new, "test/run", keys, 1, previous=old, expires=expires)
     (s.store / "trust" / "root-000000000002.json").write_bytes(new.read_bytes())
 
 
 @pytest.mark.parametrize(
     ("case", "category", "words"),
     [
-        ("revoked", "signature-invalid", "is not a key of trust root version"),
+        ("revoked", "signature-invalid", "is not a revisions key of trust root version"),
         ("root-expired", "frozen", "expired at 2001-01-01T00:00:00Z"),
         ("zero", "frozen", "would be expired"),
         ("negative", "frozen", "would be expired"),
@@ -312,7 +312,7 @@ def test_cli_sign_shows_what_it_signs_and_checks_it(cosigned: Signed) -> None:
         _error(wd(*bob, *args, cwd=tmp), category, words)
     carol = ("sign", "store", "--trust", "root.json", "--sign", "carol.key")
     r = wd(*carol, "--expect-digest", genuine, cwd=tmp)
-    _error(r, "signature-invalid", "not a key of trust root version 1")
+    _error(r, "signature-invalid", "not a revisions key of trust root version 1")
     refused_pull(s, "signature-invalid")
     assert not _bob_signed(s)
     r = wd(*bob, "--expect-digest", genuine.upper(), "--expect-version", "2",

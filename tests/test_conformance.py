@@ -533,8 +533,14 @@ BROKEN_READER_CASES = {
     "ignore-signatures": ([f"manifest/signed/{n}" for n in (
         "unsigned", "wrong-key", "tampered-byte", "tampered-signature", "wrong-revision",
         "wrong-chain", "threshold-not-met", "revoked-key", "root-not-signed-by-previous",
-        "expired", "root-expired")],
-        ["manifest/signed/valid", "manifest/signed/rotated-key", "manifest/signed/threshold-met"]),
+        "expired", "root-expired", "root-signed-by-revisions-key", "revision-signed-by-root-key",
+        "root-threshold-not-met")],
+        ["manifest/signed/valid", "manifest/signed/rotated-key", "manifest/signed/threshold-met",
+         "manifest/signed/root-role-rotated"]),
+    "any-role": (["manifest/signed/root-signed-by-revisions-key",
+                  "manifest/signed/revision-signed-by-root-key"],
+                 ["manifest/signed/valid", "manifest/signed/root-role-rotated",
+                  "manifest/signed/revoked-key"]),
     "ignore-after": (["manifest/seen/lower", "manifest/seen/lower-by-three",
                       "manifest/seen/rewritten", "manifest/seen/fork"],
                      ["manifest/seen/valid-same", "manifest/seen/valid-next",
@@ -542,6 +548,16 @@ BROKEN_READER_CASES = {
     "revision-only": (["manifest/seen/rewritten", "manifest/seen/rewritten-whitespace",
                        "manifest/seen/fork"],
                       ["manifest/seen/lower", "manifest/seen/valid-later"]),
+    "forget-trust": ([f"manifest/state/{n}" for n in (
+        "unsigned-after-signed", "trust-moved-back", "fast-forward-recovered")],
+        ["manifest/state/signed-same", "manifest/state/unsigned-state",
+         "manifest/state/fast-forward-kept"]),
+    "no-reset": (["manifest/state/fast-forward-recovered"],
+                 ["manifest/state/fast-forward-kept", "manifest/state/rotation-keeps-signer",
+                  "manifest/state/signed-same", "manifest/state/trust-moved-back"]),
+    "reset-on-rotation": (["manifest/state/rotation-keeps-signer"],
+                          ["manifest/state/fast-forward-recovered",
+                           "manifest/state/fast-forward-kept"]),
 }  # fmt: skip
 
 
@@ -551,7 +567,10 @@ def _reader(mode: str) -> Templates:
                       "manifest-store": f"{tool} {{manifest}} --store {{store}}",
                       "manifest-seen": f"{tool} {{manifest}} --after {{seen}}",
                       "manifest-trust": f"{tool} {{manifest}} --store {{store}} "
-                                        "--trust {trust}"})  # fmt: skip
+                                        "--trust {trust}",
+                      "manifest-state": f"{tool} {{manifest}} --store {{store}} --state {{state}}",
+                      "manifest-trust-state": f"{tool} {{manifest}} --store {{store}} "
+                                              "--trust {trust} --state {state}"})  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", sorted(BROKEN_READER_CASES))
@@ -560,7 +579,10 @@ def test_broken_manifest_reader_is_caught(mode: str, manifest: Manifest, scratch
     results = _run(manifest, must_fail + must_pass, _reader(mode), scratch, strict=True)
     failed = {i for i, r in results.items() if r.status == "fail"}
     assert failed == set(must_fail), {i: results[i].message for i in failed ^ set(must_fail)}
-    assert all("accepted an invalid input" in results[i].message for i in must_fail)
+    # A broken reader fails by accepting what it must refuse or, for the rules that
+    # release a node (SG-10), by refusing what it must accept: never by a wrong category.
+    assert all("accepted an invalid input" in results[i].message
+               or "on a valid input" in results[i].message for i in must_fail)  # fmt: skip
 
 
 def test_storage_cases_need_the_store_template(manifest: Manifest, scratch: Path) -> None:
@@ -583,6 +605,20 @@ def test_signature_cases_need_the_trust_template(manifest: Manifest, scratch: Pa
     assert results["manifest/store/valid"].status == "pass"
     with pytest.raises(BadArgumentError, match=r"lacks \{trust\}"):
         Templates({"manifest-trust": "tool check {manifest} --store {store}"})
+def test_state_cases_need_a_state_template(manifest: Manifest, scratch: Path) -> None:
+    """Cases with a node's acceptance state run only with a {state} template (with a
+    trust root or without); an implementation without one is reported as not tested."""
+    faithful = _reader("faithful").templates
+    without = Templates({k: v for k, v in faithful.items() if "state" not in k})
+    results = _run(manifest, ["manifest/state/*"], without, scratch)
+    assert {r.status for r in results.values()} == {"not-tested"}
+    assert {r.message for r in results.values()} == {"the template has no {state}"}
+    results = _run(manifest, ["manifest/state/*"], _reader("faithful"), scratch, strict=True)
+    assert len(results) == 9 and {r.status for r in results.values()} == {"pass"}
+    with pytest.raises(BadArgumentError, match=r"lacks \{state\}"):
+        Templates({"manifest-trust-state": "tool check {manifest} --store {store} --trust {trust}"})
+
+
 def test_seen_cases_need_the_seen_template(manifest: Manifest, scratch: Path) -> None:
     """RD-1 needs a reader's memory: its cases run only with a {seen} template, and a
     reader that has none is reported as not tested, never failed."""

@@ -25,7 +25,8 @@ from .suite import Suite, accepted, invalid, sha256
 
 Doc = dict[str, Any]
 RULE = ("SPEC §17.11: SG-1 to SG-5, a node with a trust policy accepts a revision only with "
-        "a threshold of valid, unexpired signatures of the keys of the newest root it reaches")
+        "a threshold of valid, unexpired signatures of the revisions role of the newest root "
+        "it reaches, each root signed by the root role of its predecessor and its own")
 CHAIN = "conformance/run"
 FAR, PAST = "2099-01-01T00:00:00Z", "2001-01-01T00:00:00Z"
 
@@ -51,13 +52,43 @@ def _sign(name: str, payload: Doc) -> str:
     return _private(name).sign(_canonical(payload)).hex()
 
 
-def root(version: int, keys: list[str], threshold: int, signers: list[str],
-         expires: str = FAR, chain: str = CHAIN) -> bytes:  # fmt: skip
-    public = {keyid(k): {"type": "ed25519", "public": _public(k).hex()} for k in keys}
-    signed = {"format": "wdelta-trust-root", "version": version, "chain": chain,
-              "expires": expires, "threshold": threshold, "keys": public}  # fmt: skip
+def root(
+    version: int, keys: list[str], threshold: int, signers: list[str], expires: str = FAR,
+    chain: str = CHAIN, root_keys: tuple[str, ...] = ("root",), root_threshold: int = 1,
+    change: Callable[[Doc], None] | None = None,
+) -> bytes:  # fmt: skip
+    """A root whose revisions role is ``keys`` and root role ``root_keys``, signed by
+    ``signers``; ``change`` edits the signed members before they are signed."""
+    public = {keyid(k): {"type": "ed25519", "public": _public(k).hex()}
+              for k in [*root_keys, *keys]}  # fmt: skip
+    roles = {
+        "root": {"keyids": sorted(keyid(k) for k in root_keys), "threshold": root_threshold},
+        "revisions": {"keyids": sorted(keyid(k) for k in keys), "threshold": threshold},
+    }
+    signed = {"format": "wdelta-trust-root", "format_version": 2, "version": version,
+              "chain": chain, "expires": expires, "keys": public, "roles": roles}  # fmt: skip
+    if change is not None:
+        change(signed)
     sigs = [{"keyid": keyid(s), "sig": _sign(s, signed)} for s in signers]
     return (json.dumps({"signed": signed, "signatures": sigs}, indent=2) + "\n").encode()
+
+
+def _single_role(signed: Doc) -> None:
+    """Format version 1: one key list and one threshold, no roles."""
+    del signed["format_version"], signed["roles"]
+    signed["threshold"] = 1
+
+
+def _alice_in_both_roles(signed: Doc) -> None:
+    signed["roles"]["root"]["keyids"].append(keyid("alice"))
+
+
+def _unlisted_revisions_key(signed: Doc) -> None:
+    signed["roles"]["revisions"]["keyids"].append(keyid("mallory"))
+
+
+def _revisions_threshold_2(signed: Doc) -> None:
+    signed["roles"]["revisions"]["threshold"] = 2
 
 
 def revision_signature(
@@ -82,9 +113,12 @@ def _flip_sig(item: tuple[str, bytes]) -> tuple[str, bytes]:
 
 # name: (what, trust file, extra stored objects for manifest bytes M, expected)
 Case = tuple[str, bytes, Callable[[bytes], list[tuple[str, bytes]]], dict[str, Any]]
-ROOT1 = root(1, ["alice"], 1, ["alice"])
-ROOT2_BOB = root(2, ["bob"], 1, ["alice", "bob"])
-ROOT3 = root(1, ["alice", "bob", "carol"], 2, ["alice", "bob"])
+ROOT1 = root(1, ["alice"], 1, ["root"])
+ROOT2_BOB = root(2, ["bob"], 1, ["root"])
+ROOT3 = root(1, ["alice", "bob", "carol"], 2, ["root"])
+ROOT_2OF2 = root(1, ["alice"], 1, ["root", "root2"], root_keys=("root", "root2"), root_threshold=2)
+R2 = "trust/root-000000000002.json"
+R3 = "trust/root-000000000003.json"
 
 CASES: dict[str, Case] = {
     "valid": ("signed by the one key of the trust root", ROOT1,
@@ -92,7 +126,7 @@ CASES: dict[str, Case] = {
     "threshold-met": ("2 of 3 keys signed (alice, carol)", ROOT3,
                       lambda m: [revision_signature("alice", m), revision_signature("carol", m)],
                       accepted()),
-    "rotated-key": ("root 2 (signed by root 1's alice and its own bob) trusts bob; bob signed",
+    "rotated-key": ("root 2 (signed by the root key of root 1 and its own) trusts bob; bob signed",
                     ROOT1, lambda m: [("trust/root-000000000002.json", ROOT2_BOB),
                                       revision_signature("bob", m)], accepted()),
     "unsigned": ("SG-4: no signature object at all", ROOT1, lambda m: [],
@@ -114,16 +148,55 @@ CASES: dict[str, Case] = {
     "threshold-not-met": ("SG-4: 1 of the 2 signatures a 2-of-3 root needs", ROOT3,
                           lambda m: [revision_signature("alice", m)],
                           invalid("signature-invalid")),
-    "revoked-key": ("SG-2, SG-4: root 2 drops alice, who signed", ROOT1,
+    "revoked-key": ("SG-2, SG-4: root 2 drops alice from the revisions role; alice signed", ROOT1,
                     lambda m: [("trust/root-000000000002.json", ROOT2_BOB),
                                revision_signature("alice", m)], invalid("signature-invalid")),
     "root-not-signed-by-previous": (
-        "SG-2: root 2 is signed by its own bob only, not by root 1's alice", ROOT1,
-        lambda m: [("trust/root-000000000002.json", root(2, ["bob"], 1, ["bob"])),
+        "SG-2: root 2 (root role root2) is signed by its own root2 only, not by root 1's "
+        "root key", ROOT1,
+        lambda m: [(R2, root(2, ["bob"], 1, ["root2"], root_keys=("root2",))),
                    revision_signature("bob", m)], invalid("signature-invalid")),
+    "root-signed-by-revisions-key": (
+        "SG-2: root 2 is signed by root 1's revisions key alice (and its own root key "
+        "mallory), not by root 1's root role: an online key cannot rotate the trust", ROOT1,
+        lambda m: [(R2, root(2, ["bob"], 1, ["alice", "mallory"], root_keys=("mallory",))),
+                   revision_signature("bob", m)], invalid("signature-invalid")),
+    "root-threshold-not-met": (
+        "SG-2: root 1's root role needs 2 of root, root2; root 2 is signed by root only",
+        ROOT_2OF2, lambda m: [(R2, root(2, ["bob"], 1, ["root"])),
+                              revision_signature("bob", m)], invalid("signature-invalid")),
+    "root-role-rotated": (
+        "SG-2: root 2 moves the root role to root2 (signed by root and root2); root 3, "
+        "signed by root2 alone, hands the revisions to bob, who signed", ROOT1,
+        lambda m: [(R2, root(2, ["alice"], 1, ["root", "root2"], root_keys=("root2",))),
+                   (R3, root(3, ["bob"], 1, ["root2"], root_keys=("root2",))),
+                   revision_signature("bob", m)], accepted()),
+    "revision-signed-by-root-key": (
+        "SG-4: signed by the root's root key, which is not in the revisions role", ROOT1,
+        lambda m: [revision_signature("root", m)], invalid("signature-invalid")),
+    "key-in-both-roles": (
+        "SG-1: alice is in the root and the revisions role of the trust root",
+        root(1, ["alice"], 1, ["root", "alice"], change=_alice_in_both_roles),
+        lambda m: [revision_signature("alice", m)], invalid("signature-invalid")),
+    "role-key-not-listed": (
+        "SG-1: the revisions role names a key id that 'keys' does not list",
+        root(1, ["alice"], 1, ["root"], change=_unlisted_revisions_key),
+        lambda m: [revision_signature("alice", m)], invalid("signature-invalid")),
+    "role-threshold-above-keys": (
+        "SG-1: the revisions role's threshold 2 exceeds its one key",
+        root(1, ["alice"], 1, ["root"], change=_revisions_threshold_2),
+        lambda m: [revision_signature("alice", m)], invalid("signature-invalid")),
+    "root-format-version-1": (
+        "SG-1: a trust root of format version 1 (one key list, one threshold)",
+        root(1, ["alice"], 1, ["alice"], change=_single_role),
+        lambda m: [revision_signature("alice", m)], invalid("unsupported-version")),
+    "stored-root-format-version-1": (
+        "SG-2: the chain's root 2 is of format version 1, signed by root 1's root key",
+        ROOT1, lambda m: [(R2, root(2, ["bob"], 1, ["root"], change=_single_role)),
+                          revision_signature("bob", m)], invalid("unsupported-version")),
     "expired": ("SG-5: the only signature expired in 2001", ROOT1,
                 lambda m: [revision_signature("alice", m, expires=PAST)], invalid("frozen")),
-    "root-expired": ("SG-3: the trust root expired in 2001", root(1, ["alice"], 1, ["alice"], PAST),
+    "root-expired": ("SG-3: the trust root expired in 2001", root(1, ["alice"], 1, ["root"], PAST),
                      lambda m: [revision_signature("alice", m)], invalid("frozen")),
 }  # fmt: skip
 

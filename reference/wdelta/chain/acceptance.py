@@ -31,11 +31,16 @@ from ..atomic import atomic_file
 from ..digest import digest_bytes
 from ..errors import BadArgumentError, StorageError, WdeltaError
 from ..output_file import pwrite_all
-from .errors import ManifestInvalidError
+from .errors import ManifestInvalidError, SignatureInvalidError
 from .manifest import Manifest, read_manifest, utc_now
 from .smallfile import read_regular
+from .storage.base import Storage
+from .trust import Trust
 
 FORMAT = "wdelta-chain-accepted"
+# Version 2 adds ``trust``; an old reader refuses it (its schema says 1) rather than
+# silently dropping the requirement of signatures.  Version 1 files are still read.
+STATE_VERSION = 2
 # A state file is about 200 bytes; anything far larger is not one (checked
 # before reading, so a hostile file cannot make the node allocate).
 MAX_STATE_BYTES = 1 << 16
@@ -46,19 +51,39 @@ REMEDY = (
 
 
 @dataclass(frozen=True)
+class TrustRecord:
+    """The trust a revision was accepted under: the chain id of the trust root, the
+    version of the root the node had reached, and the key ids of that root's
+    revisions role whose valid signatures it counted (SG-4)."""
+
+    chain: str
+    root: int
+    signers: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"chain": self.chain, "root": self.root, "signers": list(self.signers)}
+
+
+@dataclass(frozen=True)
 class Accepted:
     """Manifest revision ``revision`` (≥ 1) was accepted; ``digest``: BLAKE3 (hex) of its bytes.
 
-    ``chain`` (informative) is the location it was read from.
+    ``chain`` (informative) is the location it was read from; ``trust`` the trust
+    policy it was accepted under (None: unsigned, no policy).
     """
 
     revision: int
     digest: str
     chain: str = ""
+    trust: TrustRecord | None = None
 
     def to_bytes(self) -> bytes:
-        doc = {"format": FORMAT, "version": 1, "revision": self.revision, "digest": self.digest,
-               "chain": self.chain, "updated": utc_now()}  # fmt: skip
+        doc: dict[str, object] = {
+            "format": FORMAT, "version": STATE_VERSION, "revision": self.revision,
+            "digest": self.digest, "chain": self.chain, "updated": utc_now(),
+        }  # fmt: skip
+        if self.trust is not None:
+            doc["trust"] = self.trust.to_json()
         return (json.dumps(doc, indent=2, ensure_ascii=True) + "\n").encode()
 
 
@@ -97,7 +122,11 @@ def parse(data: bytes, path: Path) -> Accepted:
     error = schemas.violation("chain-acceptance", raw)
     if error is not None:
         raise _refuse(path, f"schema violation {error}")
-    return Accepted(raw["revision"], raw["digest"], raw.get("chain", ""))
+    trust = raw.get("trust")
+    record = None
+    if trust is not None:
+        record = TrustRecord(trust["chain"], trust["root"], tuple(trust["signers"]))
+    return Accepted(raw["revision"], raw["digest"], raw.get("chain", ""), record)
 
 
 def save(path: PathLike, accepted: Accepted) -> None:
@@ -171,10 +200,48 @@ def check_after(path: PathLike, m: Manifest, seen: PathLike,
     check(accepted_file(seen), m.revision, digest, m.parent, stored_digest)
 
 
+def check_state(
+    path: PathLike, m: Manifest, state: PathLike, policy: Trust | None, storage: Storage,
+    stored_digest: Callable[[int], str | None],
+) -> None:  # fmt: skip
+    """RD-1 and SG-8 to SG-10 for the revision ``m`` read from file ``path`` (its
+    signatures already checked with ``policy``, if any), by a reader whose acceptance
+    state is the file ``state`` (``wdelta chain check --state``: the conformance
+    suite's ``{state}``); roots are walked in ``storage``, ``stored_digest`` as
+    :func:`check`'s."""
+    path, state = as_path(path, "manifest"), as_path(state, "state")
+    accepted = load(state)
+    if accepted is None:
+        raise BadArgumentError(f"--state {state}: no such file")
+    try:
+        digest = digest_bytes(path.read_bytes())
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc}") from exc
+    record = accepted.trust
+    if record is not None and policy is None:
+        raise SignatureInvalidError(_unsigned_refusal(str(state), accepted.revision, record))
+    if record is not None and policy is not None and trust_rotated(record, policy, storage,
+                                                                   str(state)):  # fmt: skip
+        return
+    check(accepted, m.revision, digest, m.parent, stored_digest)
+
+
+def _unsigned_refusal(where: str, revision: int, record: TrustRecord) -> str:
+    return (
+        f"{where} records revision {revision} accepted with signatures (trust root "
+        f"version {record.root} of chain {record.chain!r}): read with --trust ROOT "
+        "(trust=), or with --allow-unsigned (allow_unsigned=True) to stop requiring "
+        "signatures"
+    )
+
+
 class Head(Protocol):
     """What a tracker needs of a chain (``store.Chain``)."""
 
     seen_revision: int
+    trust: Trust | None
+    head_signers: list[str]
+    storage: Storage
 
     @property
     def url(self) -> str: ...
@@ -185,29 +252,58 @@ class Head(Protocol):
 
 
 class Tracker:
-    """RD-1 for one reader: the accepted revision, in memory and (with ``path``) on disk.
+    """RD-1 for one reader: the accepted revision, in memory and (with ``path``) on disk,
+    and the trust it was accepted under (SG-8 to SG-10).
 
     ``accept_rollback``: the next head is accepted whatever it is (an
     operator's deliberate rollback), once; later heads are checked again.
+    ``allow_unsigned``: a reader without a trust policy may read on although it
+    accepted a signed revision before (the requirement is then forgotten).
     """
 
-    def __init__(self, path: PathLike | None, accept_rollback: object = False) -> None:
-        if not isinstance(accept_rollback, bool):
-            kind = type(accept_rollback).__name__
-            raise BadArgumentError(f"accept_rollback must be a bool, not {kind}")
+    def __init__(
+        self, path: PathLike | None, accept_rollback: object = False,
+        allow_unsigned: object = False,
+    ) -> None:  # fmt: skip
+        for name, value in (("accept_rollback", accept_rollback),
+                            ("allow_unsigned", allow_unsigned)):  # fmt: skip
+            if not isinstance(value, bool):
+                raise BadArgumentError(f"{name} must be a bool, not {type(value).__name__}")
         self.path = None if path is None else as_path(path, "state")
         self.accepted = None if self.path is None else load(self.path)
         self.accept_rollback = accept_rollback
+        self.allow_unsigned = allow_unsigned
 
     def head(self, chain: Head) -> tuple[Manifest, str]:
         """The chain's head manifest and its digest, checked against what was accepted."""
-        if self.accept_rollback:
+        # The recorded trust is checked even for a deliberate rollback: accepting a lower
+        # revision is not accepting an unsigned one, nor an older root.
+        rotated = self._trust_rotated(chain)
+        fresh = self.accept_rollback or rotated
+        if fresh:
             chain.seen_revision = 0  # what this process read before is overruled too
         m, digest = chain.read_head()
-        if not self.accept_rollback:
+        if not fresh:
             check(self.accepted, m.revision, digest, m.parent, stored_digests(chain),
                   self._remedy(chain.url))  # fmt: skip
         return m, digest
+
+    def _where(self) -> str:
+        return "this reader" if self.path is None else str(self.path)
+
+    def _trust_rotated(self, chain: Head) -> bool:
+        """SG-8 to SG-10 against the trust the accepted revision was recorded under:
+        True if a root rotation since then revoked the keys that signed it (RD-1 then
+        starts afresh from the head), False if RD-1 applies."""
+        accepted = self.accepted
+        record = None if accepted is None else accepted.trust
+        if accepted is None or record is None:
+            return False
+        if chain.trust is None:
+            if self.allow_unsigned:
+                return False
+            raise SignatureInvalidError(_unsigned_refusal(self._where(), accepted.revision, record))
+        return trust_rotated(record, chain.trust, chain.storage, self._where())
 
     def _remedy(self, url: str) -> str:
         """What to tell an operator whose chain was refused; names another chain's state."""
@@ -218,14 +314,44 @@ class Tracker:
         return remedy
 
     def accept(self, chain: Head, m: Manifest, digest: str) -> None:
-        """Record head ``m`` (BLAKE3 ``digest``) as accepted; on disk only when it changed."""
-        new = Accepted(m.revision, digest, chain.url)
-        changed = self.accepted is None or (new.revision, new.digest) != (
-            self.accepted.revision, self.accepted.digest,
+        """Record head ``m`` (BLAKE3 ``digest``) as accepted, with the trust it passed;
+        on disk only when it changed."""
+        trust = None
+        if chain.trust is not None:
+            root = chain.trust.root
+            trust = TrustRecord(root.chain, root.version, tuple(sorted(chain.head_signers)))
+        new = Accepted(m.revision, digest, chain.url, trust)
+        old = self.accepted
+        changed = old is None or (new.revision, new.digest, new.trust) != (
+            old.revision, old.digest, old.trust,
         )  # fmt: skip
         if changed and self.path is not None:
             save(self.path, new)
         self.accepted, self.accept_rollback = new, False
+
+
+def trust_rotated(record: TrustRecord, policy: Trust, storage: Storage, where: str) -> bool:
+    """Whether a revision accepted under ``record`` is released from RD-1 by the root
+    ``policy`` reaches in ``storage`` (SG-2): only if that root is newer than the one
+    recorded and the keys that signed the revision no longer hold a threshold of its
+    revisions role (fast-forward recovery, SG-10).  A root of another chain (bad
+    argument) or older than the recorded one (SG-9) is refused."""
+    root = policy.update(storage)
+    if root.chain != record.chain:
+        raise BadArgumentError(
+            f"{where} records revisions accepted under chain {record.chain!r}, the trust root "
+            f"is of {root.chain!r}: delete it to start again from this trust root"
+        )
+    if root.version < record.root:
+        raise SignatureInvalidError(
+            f"{where} records trust root version {record.root}, the newest root reached is "
+            f"version {root.version}: the newer roots were deleted; restore the node's kept "
+            "roots or pass the newest root as --trust"
+        )
+    if root.version == record.root:
+        return False
+    still = set(record.signers) & set(root.revisions.keyids)
+    return len(still) < root.revisions.threshold
 
 
 def stored_digests(chain: Head | None) -> Callable[[int], str | None]:

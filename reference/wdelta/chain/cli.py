@@ -38,10 +38,10 @@ from .trust import Trust
 
 def _trust_args(args: argparse.Namespace) -> dict[str, Any]:
     """Chain(...) keywords from --trust, --sign and --expires-days (signing.py loads keys)."""
-    from .signing import load_signing_key
+    from .signing import load_revision_key
 
     trust = getattr(args, "trust", None)
-    keys = [load_signing_key(Path(k)) for k in getattr(args, "sign", None) or []]
+    keys = [load_revision_key(Path(k)) for k in getattr(args, "sign", None) or []]
     out: dict[str, Any] = {"trust": None if trust is None else Trust.from_file(Path(trust))}
     if keys:
         out["sign"] = keys
@@ -190,17 +190,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
     """One manifest revision file (CH-1..CH-9); with --after, against a revision accepted
     before (RD-1); with --store, the files it lists (RD-2, RD-3); with --trust (needs
     --store), its signatures first (SG-1..SG-5)."""
-    if args.trust is not None:
-        from .signed_cli import check_signatures
-
-        if args.store is None:
-            raise BadArgumentError("check --trust needs --store (the signatures live there)")
-        check_signatures(Path(args.manifest), open_storage(args.store), Path(args.trust))
+    policy = _check_trust_args(args)
     m = read_manifest(args.manifest)
     with tempfile.TemporaryDirectory(prefix="wdelta-check-") as tmp:
         c = None if args.store is None else Chain(open_storage(args.store), Path(tmp))
         if args.after is not None:
             acceptance.check_after(args.manifest, m, args.after,
+                                   acceptance.stored_digests(c))  # fmt: skip
+        if args.state is not None and c is not None:
+            acceptance.check_state(args.manifest, m, args.state, policy, c.storage,
                                    acceptance.stored_digests(c))  # fmt: skip
         if c is not None:
             ops.check_files(c, m)
@@ -208,6 +206,23 @@ def _cmd_check(args: argparse.Namespace) -> int:
     _say(args, f"ok: revision {m.revision}, {len(m.versions)} versions, {len(m.links)} links, "
                f"{len(m.snapshots)} snapshots{files}")  # fmt: skip
     return 0
+
+
+def _check_trust_args(args: argparse.Namespace) -> Trust | None:
+    """``check``'s trust policy: SG-1..SG-5 checked first for ``--trust`` (which, like
+    ``--state``, needs ``--store``: signatures and roots live there)."""
+    for flag, value in (("--trust", args.trust), ("--state", args.state)):
+        if value is not None and args.store is None:
+            raise BadArgumentError(f"check {flag} needs --store (the chain's storage)")
+    if args.after is not None and args.state is not None:
+        raise BadArgumentError("check takes --after or --state, not both")
+    if args.trust is None:
+        return None
+    from .signed_cli import check_signatures
+
+    policy = Trust.from_file(Path(args.trust))
+    check_signatures(Path(args.manifest), open_storage(args.store), policy)
+    return policy
 
 
 def _report(args: argparse.Namespace, r: PullResult) -> None:
@@ -250,6 +265,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     options["cache_max_bytes"] = args.cache_max_bytes
     options["state"] = args.state or True
     options["accept_rollback"] = args.accept_rollback
+    options["allow_unsigned"] = args.allow_unsigned
     options["max_age"] = None if args.max_age is None else parse_duration(args.max_age)
     with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
         options["progress"] = progress
@@ -443,6 +459,10 @@ def _register_readers(sub: Any) -> None:
         metavar="SEEN",
         help="a revision file accepted before: refuse a rollback or fork from it (RD-1)",
     )
+    p.add_argument(
+        "--state", default=None, metavar="FILE",
+        help="a node's acceptance state (needs --store): RD-1 and the trust it records",
+    )  # fmt: skip
     p.add_argument("--quiet", "-q", action="store_true", help="no output on success")
     p.set_defaults(func=_cmd_check)
     p = sub.add_parser("pull", help="bring a local checkpoint to the head or --to VERSION")
@@ -488,6 +508,11 @@ def _register_readers(sub: Any) -> None:
         action="store_true",
         help="accept the current head even if lower than (or a rewrite of) the accepted one",
     )
+    p.add_argument(
+        "--allow-unsigned", action="store_true",
+        help="read without --trust although this node accepted signed revisions "
+        "(its state then stops requiring signatures)",
+    )  # fmt: skip
     p.set_defaults(func=_cmd_pull)
     p = sub.add_parser("gc", help="remove cache entries the head no longer names, then LRU")
     _common(p, cache=True)

@@ -280,6 +280,7 @@ def load(
     chain: Chain, *, to: str | int = "head", tensors: str | None = None, device: Any = None,
     trust: Trust | PathLike | None = None,
     state: PathLike | None = None, accept_rollback: bool = False, max_age: float | None = None,
+    allow_unsigned: bool = False,
 ) -> tuple[dict[str, Any], Version]:  # fmt: skip
     """Weights of version ``to`` in memory, and that version (a node's start).
 
@@ -290,6 +291,8 @@ def load(
     file (RD-1, as ``pull``'s; with ``trust``, the newest trust root walked to is
     kept beside it too); None keeps none.  ``max_age``: seconds, as
     ``pull``'s (a head published longer ago is refused, ``frozen``).
+    ``allow_unsigned``: as ``pull``'s (a state recording signed revisions
+    otherwise refuses a load without ``trust``).
     """
     chain = as_chain(chain)
     if trust is not None:
@@ -299,8 +302,8 @@ def load(
     with tempfile.TemporaryDirectory(prefix="wdelta-load-") as tmp:
         local = Path(tmp) / "model.safetensors"
         try:
-            result = pull(chain, local, to=to, tensors=tensors,
-                          state=Tracker(state, accept_rollback), max_age=max_age)  # fmt: skip
+            tracker = Tracker(state, accept_rollback, allow_unsigned)
+            result = pull(chain, local, to=to, tensors=tensors, state=tracker, max_age=max_age)
         finally:
             chain.cache = cache  # pull points a missing cache into ``tmp``
         return _load_all(local, tensors, device), result.version
@@ -399,6 +402,7 @@ def follow_weights(
     on_error: Callable[[WdeltaError, int], None] | None = None, threads: int = 2,
     trust: Trust | PathLike | None = None,
     state: PathLike | None = None, accept_rollback: bool = False, max_age: float | None = None,
+    allow_unsigned: bool = False,
 ) -> Iterator[Version]:  # fmt: skip
     """Keep ``weights`` at the chain's head; yields every version once applied.
 
@@ -431,7 +435,9 @@ def follow_weights(
     kept beside it too); None keeps both in memory only.  A head lower than
     the accepted one, or a rewritten one, fails the poll (manifest-invalid,
     reported and retried like any failure); ``accept_rollback`` accepts the
-    first head whatever it is.  ``max_age`` (seconds): a head published
+    first head whatever it is; ``allow_unsigned`` lets a follower without
+    ``trust`` read on although ``state`` records signed revisions (else every
+    poll fails, ``signature-invalid``).  ``max_age`` (seconds): a head published
     longer ago fails the poll (``frozen``, reported and retried like any
     failure) while the weights keep their version.
     """
@@ -444,7 +450,7 @@ def follow_weights(
     max_age = check_max_age(max_age)
     if chain.cache is None:
         raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
-    tracker = Tracker(state, accept_rollback)
+    tracker = Tracker(state, accept_rollback, allow_unsigned)
     _keep_roots(chain, state)
     current = _start(tracker.head(chain)[0], weights, at, tensors is not None)
     failures, polls = 0, 0

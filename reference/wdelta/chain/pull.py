@@ -268,7 +268,7 @@ def pull(
     avoid: set[str] | None = None, cache_max_bytes: int | None = None,
     trust: Trust | PathLike | None = None,
     state: PathLike | bool | acceptance.Tracker = True, accept_rollback: bool = False,
-    max_age: float | None = None,
+    max_age: float | None = None, allow_unsigned: bool = False,
 ) -> PullResult:  # fmt: skip
     """Bring ``local`` to version ``to``; ``tensors`` selects a partial pull.
 
@@ -293,6 +293,10 @@ def pull(
     With a trust policy (and ``state`` not False) the newest trust root
     accepted is kept in ``.NAME.wdelta-root.json`` beside ``local`` and the
     next pull starts from it (SG-2), so a revocation survives a restart.
+    The state records the trust a revision was accepted under: a later pull
+    without ``trust`` is refused (``signature-invalid``) unless
+    ``allow_unsigned``; a root rotation that revoked the keys of the accepted
+    revision lets the next head be accepted afresh (fast-forward recovery).
 
     ``max_age`` (seconds): a head whose manifest ``updated`` time is older
     than that, or absent, is refused (``frozen``) before anything is
@@ -308,7 +312,7 @@ def pull(
     if chain.cache is None:
         chain.cache = local.parent / ".wdelta-cache"
     check_local(chain, local)
-    tracker = _tracker(chain, state, local, accept_rollback)
+    tracker = _tracker(chain, state, local, accept_rollback, allow_unsigned)
     roots = None if chain.trust is None or state is False else root_state_beside(local)
     if roots is not None and chain.trust is not None:
         keep_newest_root(chain.trust, chain.storage, roots)
@@ -332,13 +336,14 @@ def pull(
 
 
 def _tracker(
-    chain: Chain, state: object, local: Path, accept_rollback: object
-) -> acceptance.Tracker:
+    chain: Chain, state: object, local: Path, accept_rollback: object,
+    allow_unsigned: object = False,
+) -> acceptance.Tracker:  # fmt: skip
     """The acceptance tracker of a pull into ``local`` (see ``pull``'s ``state``)."""
     if isinstance(state, acceptance.Tracker):
         return state
     if state is False:
-        return acceptance.Tracker(None, accept_rollback)
+        return acceptance.Tracker(None, accept_rollback, allow_unsigned)
     path = acceptance.state_beside(local) if state is True else as_path(state, "state")
     root = chain.storage.root if isinstance(chain.storage, LocalStorage) else None
     for other, what in ((local, "the local checkpoint"), (root, "the chain folder")):
@@ -347,7 +352,7 @@ def _tracker(
                 f"state {path} overlaps {what} {other}: writing the state there would "
                 "overwrite it; choose another path"
             )
-    return acceptance.Tracker(path, accept_rollback)
+    return acceptance.Tracker(path, accept_rollback, allow_unsigned)
 
 
 def follow(
@@ -364,7 +369,7 @@ def follow(
     ``backoff``'s delay (default ``Backoff()``) instead of ``interval``; the
     local checkpoint stays at its version meanwhile.  If the last poll before
     stopping failed, its error is raised (and not reported to ``on_error``).
-    ``state`` and ``accept_rollback`` are ``pull``'s, shared by every poll: a
+    ``state``, ``accept_rollback`` and ``allow_unsigned`` are ``pull``'s, shared by every poll: a
     rolled-back head fails the poll (manifest-invalid) and is retried.
     """
     chain, local = as_chain(chain), as_path(local, "local")
@@ -376,7 +381,8 @@ def follow(
     # One tracker for every poll: a deliberate rollback is accepted once, and
     # what was accepted is known between polls even without a state file.
     options["state"] = _tracker(chain, options.get("state", True), local,
-                                options.pop("accept_rollback", False))  # fmt: skip
+                                options.pop("accept_rollback", False),
+                                options.pop("allow_unsigned", False))  # fmt: skip
     state = _Follow(backoff or Backoff(), None if timeout is None else time.monotonic() + timeout)
     polls = 0
     while max_iterations is None or polls < max_iterations:

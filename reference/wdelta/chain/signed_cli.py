@@ -25,13 +25,22 @@ from .manifest import (
     revision_key,
     revision_of_key,
 )
-from .signing import MAX_DOCUMENT, generate, load_public_key, load_signing_key, write_json
+from .signing import (
+    KEY_ROLES,
+    MAX_DOCUMENT,
+    check_role,
+    generate,
+    load_public_key,
+    load_revision_key,
+    load_signing_key,
+    write_json,
+)
 from .storage import open_storage
 from .storage.base import Storage
 from .store import Chain
 from .trust import (
     Trust,
-    check_signed_by,
+    check_successor,
     expires_in,
     format_time,
     make_root,
@@ -46,29 +55,48 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     public = Path(f"{path}.pub")
     if public.exists():
         raise BadArgumentError(f"{public} exists; choose another key file name")
-    write_json(path, key.to_json(), private=True)
-    write_json(public, key.public.to_json())
-    print(f"key {key.public.keyid}: private {path} (mode 600), public {public}")
+    label = {} if args.role is None else {"role": args.role}
+    write_json(path, {**key.to_json(), **label}, private=True)
+    write_json(public, {**key.public.to_json(), **label})
+    role = "" if args.role is None else f"{args.role} "
+    print(f"{role}key {key.public.keyid}: private {path} (mode 600), public {public}")
     return 0
 
 
 def _cmd_root(args: argparse.Namespace) -> int:
+    """Write a root: its root role (offline keys, they sign roots) and its revisions
+    role (online keys, they sign revisions), signed by root keys (``--sign``) of this
+    root and, for a rotation, of the previous root's root role."""
     previous = None if args.previous is None else read_root_file(Path(args.previous))
     chain_id = args.chain_id or (previous.chain if previous else None)
     if chain_id is None:
         raise BadArgumentError("a first root needs --chain-id NAME")
     if previous is not None and chain_id != previous.chain:
         raise BadArgumentError(f"--chain-id differs from the previous root's {previous.chain!r}")
-    if not args.key or not args.sign:
-        raise BadArgumentError("a root needs at least one --key PUBLIC and one --sign KEY")
-    keys = [load_public_key(Path(k)) for k in args.key]
-    signers = [load_signing_key(Path(k)) for k in args.sign]
-    expires = format_time(time.time() + args.expires_days * 86400.0)
-    root = make_root(chain_id, keys, args.threshold, expires, signers, previous)
+    if not args.root_key or not args.revision_key or not args.sign:
+        raise BadArgumentError(
+            "a root needs at least one --root-key PUB, one --revision-key PUB and one "
+            "--sign KEY (a private root key)"
+        )
+    for flag, role, paths in (("--root-key", "root", args.root_key), ("--sign", "root", args.sign),
+                              ("--revision-key", "revisions", args.revision_key)):  # fmt: skip
+        for k in paths:
+            check_role(Path(k), role, flag)
+    root = make_root(
+        chain_id,
+        root_keys=[load_public_key(Path(k)) for k in args.root_key],
+        root_threshold=args.root_threshold,
+        revision_keys=[load_public_key(Path(k)) for k in args.revision_key],
+        revision_threshold=args.revision_threshold,
+        expires=format_time(time.time() + args.expires_days * 86400.0),
+        signers=[load_signing_key(Path(k)) for k in args.sign],
+        previous=previous,
+    )
     write_json(Path(args.out), root.to_json())
     print(
-        f"root version {root.version} of chain {printable(root.chain)}: {len(root.keys)} keys, "
-        f"threshold {root.threshold}, expires {root.expires}"
+        f"root version {root.version} of chain {printable(root.chain)}: root role "
+        f"{root.root.threshold} of {len(root.root.keyids)} keys, revisions role "
+        f"{root.revisions.threshold} of {len(root.revisions.keyids)} keys, expires {root.expires}"
     )
     return 0
 
@@ -93,9 +121,7 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
             raise ConflictError(f"the chain's newest root is version {last}; {args.root} is "
                                 f"version {new.version}, not {last + 1}")  # fmt: skip
         old = parse_root(storage.read(root_key(last), MAX_DOCUMENT), root_key(last))
-        if old.chain != new.chain:
-            raise SignatureInvalidError(f"{args.root} is a root of chain {new.chain!r}")
-        check_signed_by(new, old, str(args.root))
+        check_successor(new, old, str(args.root))
     if not storage.create(root_key(new.version), new.to_bytes()):
         raise ConflictError(f"root version {new.version} was stored meanwhile")
     print(f"root version {new.version} stored: nodes move to it at their next pull")
@@ -107,7 +133,7 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     store its own): show what is signed, check it against the --expect-* flags
     (WS-6) and the signatures as a node would (WS-5), then store them."""
     trust = Trust.from_file(Path(args.trust))
-    keys = [load_signing_key(Path(k)) for k in args.sign]
+    keys = [load_revision_key(Path(k)) for k in args.sign]
     if not keys:
         raise BadArgumentError("sign needs at least one --sign KEY")
     expected = {_digest_argument(d) for d in args.expect_digest}
@@ -190,7 +216,7 @@ def _summary(
     lines.append(f"  ({review.basis})")
     valid = trust.valid_signatures(storage, m.revision, data)
     who = ", ".join(f"{k[:16]} (until {format_time(t)})" for k, t in valid.items()) or "no key"
-    lines.append(f"signed already by {who}; {root.threshold} needed "
+    lines.append(f"signed already by {who}; {root.revisions.threshold} needed "
                  f"(trust root version {root.version})")  # fmt: skip
     return lines
 
@@ -241,10 +267,10 @@ def _confirmed(m: Manifest) -> bool:
 
 def cosign_hint(c: Chain, m: Manifest) -> str | None:
     """For a revision its writer signed below the threshold: the command co-signers run."""
-    if c.trust is None or not c.signers or len(c.signers) >= c.trust.root.threshold:
+    if c.trust is None or not c.signers or len(c.signers) >= c.trust.root.revisions.threshold:
         return None
     return (
-        f"revision {m.revision} needs {c.trust.root.threshold - len(c.signers)} more "
+        f"revision {m.revision} needs {c.trust.root.revisions.threshold - len(c.signers)} more "
         f"signature(s): co-sign with 'wdelta chain sign {c.url} --trust ROOT --sign KEY "
         f"--expect-revision {m.revision} --expect-digest {m.head.digest}'"
     )
@@ -304,8 +330,9 @@ def signature_lines(c: Chain) -> list[str]:
     return lines
 
 
-def check_signatures(manifest: Path, storage: Storage, trust_file: Path) -> list[str]:
-    """SG-1..SG-5 for one manifest revision file against the signatures in ``storage``."""
+def check_signatures(manifest: Path, storage: Storage, trust: Path | Trust) -> list[str]:
+    """SG-1..SG-5 for one manifest revision file against the signatures in ``storage``,
+    with the trust root file (or policy) ``trust``."""
     revision = revision_of_key(f"manifests/{manifest.name}")
     if revision is None:
         raise BadArgumentError(f"{manifest} is not named rev-RRRRRRRRRRRR.json")
@@ -313,7 +340,8 @@ def check_signatures(manifest: Path, storage: Storage, trust_file: Path) -> list
         data = manifest.read_bytes()
     except OSError as exc:
         raise StorageError(f"cannot read {manifest}: {exc.strerror or exc}") from exc
-    return Trust.from_file(trust_file).check_revision(storage, revision, data)
+    policy = trust if isinstance(trust, Trust) else Trust.from_file(trust)
+    return policy.check_revision(storage, revision, data)
 
 
 def register_signing(
@@ -322,13 +350,23 @@ def register_signing(
     """Add keygen, root, rotate, sign and refresh to ``wdelta chain``."""
     p = sub.add_parser("keygen", help="create an Ed25519 signing key (KEY) and KEY.pub")
     p.add_argument("keyfile", help="the private key file to create (mode 600)")
+    p.add_argument("--role", choices=KEY_ROLES, default=None,
+                   help="label the key: 'root' (offline, signs roots) or 'revisions' "
+                   "(online, signs revisions); commands refuse it in the other role")  # fmt: skip
     p.set_defaults(func=_cmd_keygen)
     p = sub.add_parser("root", help="write a signed trust root (or its next version)")
     p.add_argument("out", help="the root file to create")
     p.add_argument("--chain-id", default=None, help="the chain's name (first root)")
-    p.add_argument("--key", action="append", default=[], metavar="PUB", help="trusted key")
-    p.add_argument("--threshold", type=int, default=1, help="signatures needed (1)")
-    p.add_argument("--sign", action="append", default=[], metavar="KEY", help="signing key")
+    p.add_argument("--root-key", action="append", default=[], metavar="PUB",
+                   help="an offline key that signs root versions (repeatable)")  # fmt: skip
+    p.add_argument("--root-threshold", type=int, default=1,
+                   help="root key signatures a root version needs (1)")  # fmt: skip
+    p.add_argument("--revision-key", action="append", default=[], metavar="PUB",
+                   help="an online key that signs revisions (repeatable)")  # fmt: skip
+    p.add_argument("--revision-threshold", type=int, default=1,
+                   help="revision key signatures a revision needs (1)")  # fmt: skip
+    p.add_argument("--sign", action="append", default=[], metavar="KEY",
+                   help="a private root key signing it (of this root or --previous)")  # fmt: skip
     p.add_argument("--previous", default=None, metavar="ROOT", help="the root this one rotates")
     p.add_argument("--expires-days", type=float, default=365.0, help="validity in days (365)")
     p.set_defaults(func=_cmd_root)

@@ -29,6 +29,7 @@ from .smallfile import read_regular
 
 PRIVATE_FORMAT = "wdelta-signing-key"
 PUBLIC_FORMAT = "wdelta-public-key"
+KEY_ROLES = ("root", "revisions")  # what ``keygen --role`` may label a key file for
 MAX_DOCUMENT = 1 << 16  # bytes: key files, roots and signature objects are far smaller
 _HEX64 = frozenset("0123456789abcdef")
 
@@ -149,12 +150,33 @@ def load_signing_key(path: Path) -> SigningKey:
     return key
 
 
+def load_revision_key(path: Path) -> SigningKey:
+    """A private key to sign revisions with; a key labelled as a root key is refused."""
+    check_role(path, "revisions", "--sign")
+    return load_signing_key(path)
+
+
 def load_public_key(path: Path) -> PublicKey:
     """The public key in ``path`` (a private key file is refused: pass its .pub)."""
     raw = read_json(path, "public key file")
     if raw.get("format") != PUBLIC_FORMAT:
         raise BadArgumentError(f"{path} is {_kind(raw)}, not a public key")
     return PublicKey(_hex_member(raw, "public", path, "public key file"))
+
+
+def check_role(path: Path, role: str, flag: str) -> None:
+    """Refuse a key file labelled for another role than ``role`` (``keygen --role``):
+    a root key passed to sign revisions would then sit on an online host."""
+    try:
+        label = read_json(path, "key file").get("role")
+    except BadArgumentError:
+        return  # not a key file at all: its loader says so, in its own words
+    if label is None or label == role:
+        return
+    if label not in KEY_ROLES:
+        raise BadArgumentError(f"{path}: unknown key role {label!r}, not one of {KEY_ROLES}")
+    hint = "; keep root keys offline and sign revisions with a revisions key" * (label == "root")
+    raise BadArgumentError(f"{path} is a {label} key; {flag} takes {role} keys{hint}")
 
 
 def write_json(path: Path, doc: dict[str, Any], *, private: bool = False) -> None:

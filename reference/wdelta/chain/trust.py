@@ -1,25 +1,31 @@
 """Trust roots and revision signatures (SPEC.md "Signed revisions", SG-1..SG-7).
 
-A *root* lists the Ed25519 keys trusted to sign one chain and how many of
-them (the threshold) must sign.  A node starts from a root it was given out
-of band and walks the chain's newer roots (``trust/root-V.json``), each
-signed by a threshold of the previous root's keys and of its own, so keys
-can be rotated and revoked.  A revision is accepted only if a threshold of
-the current root's keys signed (chain, revision, BLAKE3 of its bytes,
-expiry), each in ``signatures/<digest>/<keyid>.json``, written only after the
-revision itself was created (WS-2: a writer that lost the race signs nothing).
-A writer checks its own signatures with the node's rule before it uploads
-anything (:meth:`Trust.check_signers`, WS-5).
+A *root* lists the Ed25519 keys trusted for one chain in two roles, as TUF
+separates its root role from the online ones: the *root* role's keys (kept
+offline) sign root versions, the *revisions* role's keys (the trainer's,
+online) sign manifest revisions, each role with its threshold.  A node
+starts from a root it was given out of band and walks the chain's newer
+roots (``trust/root-V.json``), each signed by a threshold of the previous
+root's root role and of its own, so keys can be rotated and revoked, and a
+stolen online key cannot rewrite the trust.  A revision is accepted only if
+a threshold of the current root's revisions role signed (chain, revision,
+BLAKE3 of its bytes, expiry), each in ``signatures/<digest>/<keyid>.json``,
+written only after the revision itself was created (WS-2: a writer that lost
+the race signs nothing).  A writer checks its own signatures with the node's
+rule before it uploads anything (:meth:`Trust.check_signers`, WS-5).  A node
+keeps the roots it walked to (``.NAME.wdelta-root.json``) and resumes from
+them only if they descend, root by root, from the trust root its operator gave.
 """
 
 from __future__ import annotations
 
 import calendar
+import itertools
 import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +33,16 @@ from .. import schemas, strictjson
 from ..arguments import PathLike, as_path
 from ..atomic import atomic_file
 from ..digest import digest_bytes
-from ..errors import BadArgumentError, LimitExceededError, WdeltaError
+from ..errors import BadArgumentError, LimitExceededError, UnsupportedVersionError, WdeltaError
 from .errors import ConflictError, FrozenError, NotFoundError, SignatureInvalidError
 from .signing import MAX_DOCUMENT, PublicKey, SigningKey, canonical, key_id, read_json
+from .smallfile import read_regular
 from .storage.base import Storage
 
 ROOT_FORMAT = "wdelta-trust-root"
+ROOT_FORMAT_VERSION = 2  # 1: one key list and threshold for roots and revisions alike
+KEPT_FORMAT = "wdelta-kept-roots"
+MAX_KEPT = 1 << 24  # bytes of a node's kept roots: 256 roots of the 64 KiB maximum
 REVISION_FORMAT = "wdelta-revision"
 MAX_ROOT_STEPS = 1024  # roots walked in one update: bounds a flood of rotations
 _TIME = "%Y-%m-%dT%H:%M:%SZ"
@@ -67,21 +77,38 @@ def parse_time(text: str) -> int:
 
 
 @dataclass(frozen=True)
+class Role:
+    """A role of a root: the key ids that may sign for it and how many must (TUF's roles)."""
+
+    keyids: tuple[str, ...]
+    threshold: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"keyids": list(self.keyids), "threshold": self.threshold}
+
+
+@dataclass(frozen=True)
 class Root:
-    """One version of a chain's trust root; ``keys`` by key id, ``expires`` UTC text."""
+    """One version of a chain's trust root; ``keys`` by key id, ``expires`` UTC text.
+
+    Two roles: ``root`` (offline keys: they sign the next root version) and
+    ``revisions`` (online keys: they sign manifest revisions), disjoint.
+    """
 
     version: int
     chain: str
     expires: str
     keys: dict[str, PublicKey]
-    threshold: int
+    root: Role
+    revisions: Role
     signatures: tuple[tuple[str, str], ...] = ()
 
     def signed(self) -> dict[str, Any]:
         return {
-            "format": ROOT_FORMAT, "version": self.version, "chain": self.chain,
-            "expires": self.expires, "threshold": self.threshold,
+            "format": ROOT_FORMAT, "format_version": ROOT_FORMAT_VERSION,
+            "version": self.version, "chain": self.chain, "expires": self.expires,
             "keys": {k: {"type": "ed25519", "public": p.raw.hex()} for k, p in self.keys.items()},
+            "roles": {"root": self.root.to_json(), "revisions": self.revisions.to_json()},
         }  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -91,21 +118,55 @@ class Root:
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=2) + "\n").encode()
 
-    def signers(self, payload: bytes, signatures: list[tuple[str, str]]) -> set[str]:
-        """Key ids of this root whose signature of ``payload`` is among ``signatures``."""
-        return {k for k, sig in signatures if k in self.keys and self.keys[k].verify(sig, payload)}
+    def signers(self, role: Role, payload: bytes, signatures: list[tuple[str, str]]) -> set[str]:
+        """Key ids of ``role`` whose signature of ``payload`` is among ``signatures``."""
+        keys = role_keys(self, role)
+        return {k for k, sig in signatures if k in keys and keys[k].verify(sig, payload)}
 
     def expired(self, now: float) -> bool:
         return parse_time(self.expires) <= now
 
 
+def role_keys(root: Root, role: Role) -> dict[str, PublicKey]:
+    """The public keys of ``root`` that may sign for ``role``, by key id."""
+    return {k: root.keys[k] for k in role.keyids}
+
+
 def parse_root(data: bytes, what: str) -> Root:
-    """A root document (schema, key ids, threshold ≤ keys); else SignatureInvalidError."""
+    """A root document (schema, key ids, roles); else SignatureInvalidError
+    (UnsupportedVersionError for a root of another format version)."""
     raw = strictjson.loads(data, SignatureInvalidError, what)
     return _root_from_json(raw, what)
 
 
+def _check_format_version(raw: Any, what: str) -> None:
+    """A root of another format version is refused as such, before its schema: a
+    version-1 root (one key list and one threshold for everything) is not misread."""
+    signed = raw.get("signed") if isinstance(raw, dict) else None
+    found = signed.get("format_version", 1) if isinstance(signed, dict) else None
+    if found is not None and found != ROOT_FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"{what}: a trust root of format version {found!r}; this reader implements "
+            f"{ROOT_FORMAT_VERSION} (separate root and revisions roles): write a new root "
+            "with 'wdelta chain root --root-key ... --revision-key ...'"
+        )
+
+
+def _role(s: dict[str, Any], name: str, what: str) -> Role:
+    raw = s["roles"][name]
+    role = Role(tuple(raw["keyids"]), raw["threshold"])
+    unknown = [k for k in role.keyids if k not in s["keys"]]
+    if unknown:
+        raise SignatureInvalidError(f"{what}: role {name} names key {unknown[0][:16]}, not listed")
+    if role.threshold > len(role.keyids):
+        raise SignatureInvalidError(
+            f"{what}: role {name} has threshold {role.threshold} > {len(role.keyids)} keys"
+        )
+    return role
+
+
 def _root_from_json(raw: Any, what: str) -> Root:
+    _check_format_version(raw, what)
     error = schemas.violation("chain-trust-root", raw)
     if error is not None:
         raise SignatureInvalidError(f"{what}: not a trust root: schema violation {error}")
@@ -114,43 +175,69 @@ def _root_from_json(raw: Any, what: str) -> Root:
     for keyid, public in keys.items():
         if key_id(public.raw) != keyid:
             raise SignatureInvalidError(f"{what}: key id {keyid[:16]} is not its key's SHA-256")
-    if s["threshold"] > len(keys):
-        raise SignatureInvalidError(f"{what}: threshold {s['threshold']} > {len(keys)} keys")
+    root, revisions = _role(s, "root", what), _role(s, "revisions", what)
+    shared = sorted(set(root.keyids) & set(revisions.keyids))
+    if shared:
+        raise SignatureInvalidError(
+            f"{what}: key {shared[0][:16]} is in both the root and the revisions role "
+            "(root keys stay offline and sign only roots)"
+        )
     try:
         parse_time(s["expires"])
     except ValueError as exc:
         raise SignatureInvalidError(f"{what}: expires {s['expires']!r} is no date") from exc
     sigs = tuple((g["keyid"], g["sig"]) for g in raw["signatures"])
-    return Root(s["version"], s["chain"], s["expires"], keys, s["threshold"], sigs)
+    return Root(s["version"], s["chain"], s["expires"], keys, root, revisions, sigs)
 
 
 def check_signed_by(root: Root, by: Root, what: str) -> None:
-    """A threshold of ``by``'s keys signed ``root`` (SG-1, SG-2)."""
-    valid = by.signers(canonical(root.signed()), list(root.signatures))
-    if len(valid) < by.threshold:
+    """A threshold of ``by``'s root role signed ``root`` (SG-1, SG-2)."""
+    valid = by.signers(by.root, canonical(root.signed()), list(root.signatures))
+    if len(valid) < by.root.threshold:
         raise SignatureInvalidError(
-            f"{what}: {len(valid)} valid signatures of the keys of root version {by.version}, "
-            f"{by.threshold} needed"
+            f"{what}: {len(valid)} valid signatures of the root keys of root version "
+            f"{by.version}, {by.root.threshold} needed"
         )
 
 
+def check_successor(new: Root, old: Root, what: str) -> None:
+    """``new`` is version ``old.version + 1`` of the same chain, signed by a threshold
+    of ``old``'s root role and of its own (SG-2)."""
+    if new.version != old.version + 1 or new.chain != old.chain:
+        raise SignatureInvalidError(
+            f"{what}: version {new.version} of chain {new.chain!r}, expected version "
+            f"{old.version + 1} of {old.chain!r}"
+        )
+    check_signed_by(new, old, what)
+    check_signed_by(new, new, what)
+
+
 def make_root(
-    chain: str, keys: list[PublicKey], threshold: int, expires: str,
+    chain: str, *, root_keys: list[PublicKey], root_threshold: int,
+    revision_keys: list[PublicKey], revision_threshold: int, expires: str,
     signers: list[SigningKey], previous: Root | None = None,
 ) -> Root:  # fmt: skip
     """A signed root: version 1, or the successor of ``previous`` (same chain id).
 
-    Raises SignatureInvalidError if ``signers`` do not meet the thresholds a
-    node will check (its own, and ``previous``'s).
+    ``signers`` are root keys (of this root, and of ``previous``'s root role).
+    Raises BadArgumentError for an invalid root (a key in both roles, a
+    threshold above its keys) and SignatureInvalidError if ``signers`` do not
+    meet the thresholds a node will check (its own, and ``previous``'s).
     """
     version = 1 if previous is None else previous.version + 1
-    root = Root(version, chain, expires, {k.keyid: k for k in keys}, threshold)
-    error = schemas.violation("chain-trust-root", root.to_json())
-    if error is not None or threshold > len(root.keys):
-        raise BadArgumentError(f"invalid root: {error or f'threshold {threshold} > keys'}")
+    keys = {k.keyid: k for k in [*root_keys, *revision_keys]}
+    root = Root(
+        version, chain, expires, keys,
+        Role(tuple(sorted({k.keyid for k in root_keys})), root_threshold),
+        Role(tuple(sorted({k.keyid for k in revision_keys})), revision_threshold),
+    )  # fmt: skip
+    try:
+        _root_from_json(root.to_json(), "the new root")
+    except SignatureInvalidError as exc:
+        raise BadArgumentError(f"invalid root: {exc}") from None
     payload = canonical(root.signed())
     sigs = tuple(sorted({(k.public.keyid, k.sign(payload)) for k in signers}))
-    root = Root(version, chain, expires, root.keys, threshold, sigs)
+    root = replace(root, signatures=sigs)
     check_signed_by(root, root, "the new root")
     if previous is not None:
         check_signed_by(root, previous, "the new root")
@@ -158,7 +245,7 @@ def make_root(
 
 
 def read_root_file(path: PathLike) -> Root:
-    """A node's trust file: a trust root signed by a threshold of its own keys (SG-1).
+    """A node's trust file: a trust root signed by a threshold of its own root role (SG-1).
 
     Not a root at all (a private key, a delta, an HTML page) → BadArgumentError.
     """
@@ -221,58 +308,114 @@ def _read_small(storage: Storage, key: str) -> bytes | None:
 
 
 def keep_newest_root(policy: Trust, storage: Storage, path: Path) -> None:
-    """Resume ``policy`` from the root kept in ``path``, walk the chain's newer roots
-    (SG-2) and keep the newest in ``path``, so that a revocation survives a restart.
-    The walk comes before any revision is read: a newer root is kept even if the
-    revision is then refused."""
+    """Resume ``policy`` from the roots kept in ``path`` (each checked to descend from
+    the policy's trust root), walk the chain's newer roots (SG-2) and keep them in
+    ``path``, so that a revocation survives a restart.  The walk comes before any
+    revision is read: a newer root is kept even if the revision is then refused."""
     policy.resume(path)
     policy.update(storage)
     policy.persist(path)
 
 
 def root_state_beside(local: Path) -> Path:
-    """Where a node keeps the newest trust root it accepted: ``.NAME.wdelta-root.json``."""
+    """Where a node keeps the trust roots it accepted: ``.NAME.wdelta-root.json``."""
     return local.parent / f".{local.name}.wdelta-root.json"
 
 
+def _refuse_kept(path: Path, why: str) -> BadArgumentError:
+    return BadArgumentError(
+        f"{path}: not the trust roots this node keeps ({why}); delete it to walk again "
+        "from the trust root"
+    )
+
+
+def read_kept_roots(path: Path) -> list[Root]:
+    """The roots a node kept in ``path`` (oldest first); [] if there is no such file.
+
+    Their signatures are not checked here: :meth:`Trust.resume` checks that each
+    descends from the previous one, starting from the node's trust root.
+    """
+    try:
+        data = read_regular(path, MAX_KEPT, lambda why: _refuse_kept(path, why))
+    except FileNotFoundError:
+        return []
+    return parse_kept_roots(data, path)
+
+
+def parse_kept_roots(data: bytes, path: Path) -> list[Root]:
+    """The roots held in ``data`` (read from ``path``, named in errors): a damaged or
+    hostile file is refused with BadArgumentError, never ignored."""
+    try:
+        raw = strictjson.loads(data, BadArgumentError, str(path))
+    except (BadArgumentError, UnicodeDecodeError) as exc:
+        raise _refuse_kept(path, f"not strict JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("format") != KEPT_FORMAT:
+        raise _refuse_kept(path, f"format is not {KEPT_FORMAT!r}")
+    if not isinstance(raw.get("roots"), list) or not raw["roots"]:
+        raise _refuse_kept(path, "no list of roots")
+    try:
+        roots = [_root_from_json(doc, str(path)) for doc in raw["roots"]]
+    except WdeltaError as exc:
+        raise _refuse_kept(path, str(exc)) from None
+    if any(b.version != a.version + 1 for a, b in itertools.pairwise(roots)):
+        raise _refuse_kept(path, "root versions not consecutive")
+    return roots
+
+
 class Trust:
-    """A node's trust policy: the newest root accepted so far (it only moves forward)."""
+    """A node's trust policy: the roots accepted so far, from the operator's trust
+    root (``roots[0]``) to the newest (``root``); it only moves forward."""
 
     def __init__(self, root: Root) -> None:
-        self.root = root
+        self.roots = [root]
         self.given = root.version  # the trust file's own version, never worth keeping
+        self.kept = 0  # the newest root version in the node's kept roots file
+
+    @property
+    def root(self) -> Root:
+        return self.roots[-1]
 
     @classmethod
     def from_file(cls, path: PathLike) -> Trust:
         return cls(read_root_file(path))
 
     def resume(self, path: Path) -> None:
-        """Move to the root kept in ``path`` by an earlier run, if it is newer (SG-2)."""
-        if not path.exists():
-            return
-        saved = read_root_file(path)
-        if saved.chain != self.root.chain:
-            raise BadArgumentError(
-                f"{path} keeps a root of chain {saved.chain!r}, the trust root is of "
-                f"{self.root.chain!r}: delete it to start again from the trust root"
-            )
-        if saved.version > self.root.version:
-            self.root = saved
+        """Move to the newest root kept in ``path`` by an earlier run: each kept root
+        newer than the current one must be its successor (SG-2), so that only roots
+        descending from the operator's trust root are resumed from."""
+        for kept in read_kept_roots(path):
+            self.kept = max(self.kept, kept.version)
+            if kept.chain != self.root.chain:
+                raise BadArgumentError(
+                    f"{path} keeps a root of chain {kept.chain!r}, the trust root is of "
+                    f"{self.root.chain!r}: delete it to start again from the trust root"
+                )
+            if kept.version <= self.root.version:
+                continue
+            try:
+                check_successor(kept, self.root, f"{path}: kept root version {kept.version}")
+            except SignatureInvalidError as exc:
+                raise SignatureInvalidError(
+                    f"{exc}: it does not descend from trust root version {self.given}; "
+                    f"delete {path} to walk again from the trust root"
+                ) from None
+            self.roots.append(kept)
 
     def persist(self, path: Path) -> None:
-        """Keep the current root in ``path`` (atomically) if it is newer than the kept one."""
-        if self.root.version <= self.given:
+        """Keep the roots newer than the trust root in ``path`` (atomically) if the
+        newest of them is newer than the kept ones."""
+        if self.root.version <= max(self.given, self.kept):
             return
-        if path.exists() and read_root_file(path).version >= self.root.version:
-            return
+        doc = {"format": KEPT_FORMAT, "roots": [r.to_json() for r in self.roots[1:]]}
         with atomic_file(path, overwrite=True) as fd:
-            view = memoryview(self.root.to_bytes())
+            view = memoryview((json.dumps(doc, indent=2) + "\n").encode())
             while view:
                 view = view[os.write(fd, view) :]
+        self.kept = self.root.version
 
     def update(self, storage: Storage) -> Root:
         """Walk the chain's newer roots (SG-2); each must be signed by a threshold of
-        the previous root's keys and of its own."""
+        the previous root's root role and of its own."""
         for _ in range(MAX_ROOT_STEPS):
             key = root_key(self.root.version + 1)
             info = storage.stat(key)
@@ -287,34 +430,30 @@ class Trust:
                     f"{key}: over {MAX_DOCUMENT} bytes, not a trust root"
                 ) from exc
             new = parse_root(data, key)
-            if new.version != self.root.version + 1 or new.chain != self.root.chain:
-                raise SignatureInvalidError(
-                    f"{key}: version {new.version} of chain {new.chain!r}, expected version "
-                    f"{self.root.version + 1} of {self.root.chain!r}"
-                )
-            check_signed_by(new, self.root, key)
-            check_signed_by(new, new, key)
-            self.root = new
+            check_successor(new, self.root, key)
+            self.roots.append(new)
         return self.root
 
     def check_revision(
         self, storage: Storage, revision: int, data: bytes, *, now: float | None = None,
         fresh: bool = True,
     ) -> list[str]:  # fmt: skip
-        """Key ids of the current root that validly signed revision ``revision`` with
-        bytes ``data`` (SG-3..SG-5); SignatureInvalidError below the threshold,
-        FrozenError if ``fresh`` and too few of them (or the root) are unexpired."""
+        """Key ids of the current root's revisions role that validly signed revision
+        ``revision`` with bytes ``data`` (SG-3..SG-5); SignatureInvalidError below
+        its threshold, FrozenError if ``fresh`` and too few of them (or the root) are
+        unexpired."""
         root = self.update(storage)
         now = time.time() if now is None else now
         if fresh and root.expired(now):
             raise FrozenError(f"trust root version {root.version} expired at {root.expires}")
         valid = self.valid_signatures(storage, revision, data)
-        if len(valid) < root.threshold:
+        needed = root.revisions.threshold
+        if len(valid) < needed:
             raise SignatureInvalidError(
                 f"revision {revision}: {len(valid)} valid signatures of trusted keys, "
-                f"{root.threshold} needed (root version {root.version})"
+                f"{needed} needed (revisions role of root version {root.version})"
             )
-        if fresh and sum(t > now for t in valid.values()) < root.threshold:
+        if fresh and sum(t > now for t in valid.values()) < needed:
             raise FrozenError(
                 f"revision {revision} is the newest, and its signatures expired at "
                 f"{format_time(max(valid.values()))}: the chain is frozen (no fresh revision)"
@@ -322,12 +461,12 @@ class Trust:
         return sorted(valid)
 
     def valid_signatures(self, storage: Storage, revision: int, data: bytes) -> dict[str, int]:
-        """Key id → expiry (POSIX seconds) of each key of the current root whose stored
+        """Key id → expiry (POSIX seconds) of each revisions key of the current root whose stored
         signature of revision ``revision`` with bytes ``data`` is valid (SG-4), whatever
         their number or expiry: the threshold and freshness are the caller's."""
         want = revision_payload(self.root.chain, revision, data, "")
         valid: dict[str, int] = {}
-        for keyid in sorted(self.root.keys):
+        for keyid in sorted(self.root.revisions.keyids):
             stored = _read_small(storage, signature_key(want["manifest"], keyid))
             sig = None if stored is None else parse_revision_signature(stored)
             expiry = signature_expiry(self.root, keyid, sig, want)
@@ -340,9 +479,10 @@ class Trust:
     ) -> None:
         """WS-5: refuse, as a node would, signatures ``keys`` would make expiring at
         ``expires``, before a writer uploads anything: a root reached by SG-2 that has
-        expired (SG-3, FrozenError), a key that is not one of its keys (revoked or never
-        trusted: SG-4, SignatureInvalidError), an expiry not after ``now`` (SG-5, FrozenError),
-        a trust root other than the chain's own copy of that version (SignatureInvalidError).
+        expired (SG-3, FrozenError), a key not in its revisions role (revoked, never
+        trusted, or a root key: SG-4, SignatureInvalidError), an expiry not after ``now``
+        (SG-5, FrozenError), a trust root other than the chain's own copy of that version
+        (SignatureInvalidError).
         Each key signs a probe payload, read back and checked as nodes read stored
         signature objects (schema, then :func:`signature_expiry`); it is never stored."""
         root = self.update(storage)
@@ -364,9 +504,9 @@ class Trust:
             expiry = signature_expiry(root, key.public.keyid, stored, probe)
             if expiry is None:
                 raise SignatureInvalidError(
-                    f"key {key.public.keyid[:16]} is not a key of trust root version "
-                    f"{root.version} (revoked, or never trusted): nodes would not count "
-                    "its signature (SG-4)"
+                    f"key {key.public.keyid[:16]} is not a revisions key of trust root "
+                    f"version {root.version} (revoked, never trusted, or a root key: root "
+                    "keys sign only roots): nodes would not count its signature (SG-4)"
                 )
             if expiry <= now:
                 raise FrozenError(
@@ -410,9 +550,9 @@ def signature_expiry(
     root: Root, keyid: str, sig: RevisionSignature | None, want: dict[str, Any]
 ) -> int | None:
     """SG-4 for one signature object: its expiry (POSIX seconds) if ``sig`` is key
-    ``keyid``'s valid signature, ``keyid`` a key of ``root``, of the chain, revision and
+    ``keyid``'s valid signature, ``keyid`` a revisions key of ``root``, of the chain, revision and
     manifest digest ``want`` names; None if it does not count."""
-    public = root.keys.get(keyid)
+    public = role_keys(root, root.revisions).get(keyid)
     if public is None or sig is None or sig.keyid != keyid or not _binds(sig.signed, want):
         return None
     if not public.verify(sig.sig, canonical(sig.signed)):

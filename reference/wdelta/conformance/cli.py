@@ -35,6 +35,16 @@ TEMPLATE_OPTIONS = (
         "'tool check {manifest} --store {store} --trust {trust}'",
     ),
     ("manifest-seen", "--manifest-seen", "'tool check {manifest} --after {seen}'"),
+    (
+        "manifest-state",
+        "--manifest-state",
+        "'tool check {manifest} --store {store} --state {state}'",
+    ),
+    (
+        "manifest-trust-state",
+        "--manifest-trust-state",
+        "'tool check {manifest} --store {store} --trust {trust} --state {state}'",
+    ),
 )
 
 

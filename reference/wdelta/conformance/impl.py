@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import api
-from ..chain.acceptance import check_after, stored_digests
+from ..chain.acceptance import check_after, check_state, stored_digests
 from ..chain.manifest import read_manifest
 from ..chain.ops import check_files
 from ..chain.signed_cli import check_signatures
 from ..chain.storage import LocalStorage
 from ..chain.store import Chain
+from ..chain.trust import Trust
 from ..errors import BadArgumentError, WdeltaError
-from .manifest import EXTRA_TEMPLATES, TEMPLATE_ROLES, template_of
+from .manifest import TEMPLATE_ROLES, placeholder_of, template_of
 
 _CATEGORY = re.compile(r"^error:\s*([a-z][a-z0-9-]*)\s*(?::|$)")
 _TAIL = 2000
@@ -81,7 +82,9 @@ class Templates:
     Manifest cases with a chain root (``{store}``) use the ``manifest-store``
     template, those with a trust root too (``{trust}``) the ``manifest-trust``
     template, those with a revision accepted before (``{seen}``) the
-    ``manifest-seen`` template; without it they are not tested.
+    ``manifest-seen`` template, those with a node's acceptance state (``{state}``)
+    the ``manifest-state`` template, or ``manifest-trust-state`` with a trust root
+    too; without it they are not tested.
     """
 
     templates: Mapping[str, str]
@@ -106,7 +109,7 @@ class Templates:
         name = template_of(profile, roles)
         if name == profile or name in self.templates:
             return None
-        return next("{" + r + "}" for r, t in EXTRA_TEMPLATES.items() if t == name)
+        return placeholder_of(name)
 
     def command(self, profile: str, paths: Mapping[str, Path]) -> list[str]:
         """The argument vector: the template split like a shell would, placeholders filled."""
@@ -176,13 +179,19 @@ class Reference:
 
 
 def _check_manifest(paths: Mapping[str, Path]) -> None:
-    """``wdelta chain check MANIFEST [--store STORE [--trust ROOT]] [--after SEEN]``."""
-    if "trust" in paths:
-        check_signatures(paths["manifest"], LocalStorage(paths["store"]), paths["trust"])
+    """``wdelta chain check MANIFEST [--store STORE [--trust ROOT] [--state STATE]]
+    [--after SEEN]``."""
+    policy = Trust.from_file(paths["trust"]) if "trust" in paths else None
+    if policy is not None:
+        check_signatures(paths["manifest"], LocalStorage(paths["store"]), policy)
     m = read_manifest(paths["manifest"])
     with tempfile.TemporaryDirectory(prefix="wdelta-conformance-cache-") as tmp:
         chain = Chain(paths["store"], Path(tmp)) if "store" in paths else None
         if "seen" in paths:
             check_after(paths["manifest"], m, paths["seen"], stored_digests(chain))
+        if "state" in paths:
+            assert chain is not None  # the manifest schema: a state comes with a store
+            check_state(paths["manifest"], m, paths["state"], policy, chain.storage,
+                        stored_digests(chain))  # fmt: skip
         if chain is not None:
             check_files(chain, m)

@@ -36,15 +36,29 @@ ROLES = {
 STORE_TEMPLATE = "manifest-store"
 SEEN_TEMPLATE = "manifest-seen"
 TRUST_TEMPLATE = "manifest-trust"
+STATE_TEMPLATE = "manifest-state"
+TRUST_STATE_TEMPLATE = "manifest-trust-state"
 EXTRA_TEMPLATES = {"trust": TRUST_TEMPLATE, "store": STORE_TEMPLATE, "seen": SEEN_TEMPLATE}
 TEMPLATE_ROLES = {**ROLES, STORE_TEMPLATE: ("manifest", "store"),
                   SEEN_TEMPLATE: ("manifest", "seen"),
-                  TRUST_TEMPLATE: ("manifest", "store", "trust")}  # fmt: skip
+                  TRUST_TEMPLATE: ("manifest", "store", "trust"),
+                  STATE_TEMPLATE: ("manifest", "store", "state"),
+                  TRUST_STATE_TEMPLATE: ("manifest", "store", "trust", "state")}  # fmt: skip
 
 
 def template_of(profile: str, roles: Collection[str]) -> str:
-    """The template a case with input ``roles`` runs with: its profile's, or an extra one."""
+    """The template a case with input ``roles`` runs with: its profile's, or an extra one
+    (a node's acceptance state, ``{state}``, with or without a trust root)."""
+    if "state" in roles:
+        return TRUST_STATE_TEMPLATE if "trust" in roles else STATE_TEMPLATE
     return next((t for r, t in EXTRA_TEMPLATES.items() if r in roles), profile)
+
+
+def placeholder_of(template: str) -> str:
+    """The placeholder that sets an extra template apart (``{trust}``, ``{state}``...)."""
+    if template in (STATE_TEMPLATE, TRUST_STATE_TEMPLATE):
+        return "{state}"
+    return next("{" + r + "}" for r, t in EXTRA_TEMPLATES.items() if t == template)
 
 
 CHAIN_CATEGORIES = (
