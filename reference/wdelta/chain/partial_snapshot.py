@@ -41,7 +41,9 @@ def proven_tensors(
     Links touching the version are tried smallest first (a damaged one is
     skipped); None if none proves it.
     """
-    links = sorted((k for k in m.links if version in (k.source, k.target)), key=lambda k: k.size)
+    # A part's header lists only its own tensors: multi-part links prove no version here.
+    links = sorted((k for k in m.links if version in (k.source, k.target) and not k.parts),
+                   key=lambda k: k.size)  # fmt: skip
     for link in links:
         try:
             header, _ = read_remote_header(storage, link, progress)
