@@ -157,7 +157,8 @@ def test_sets_that_are_not_the_link(tmp_path: Path) -> None:
         "missing": [["a.weight", "d.norm"], ["b.weight"]],
     }
     for name, split in cases.items():
-        with pytest.raises(ChainBrokenError, match="two parts" if name == "overlapping" else "missing"):
+        why = "two parts" if name == "overlapping" else "missing"
+        with pytest.raises(ChainBrokenError, match=why):
             append_parts(c, part_files(c, tmp_path, old, new, split), step=5)
     other = stepped(new, 8)
     good = part_files(c, tmp_path, old, new, SPLIT)
