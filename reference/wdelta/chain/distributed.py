@@ -1,0 +1,375 @@
+"""Publishing one step from many ranks of a torch.distributed process group.
+
+Every rank holds some whole tensors of the model (its *share*, disjoint from
+the others'; the trainer's assignment, or :func:`assign_by_bytes`).  At each
+step every rank encodes the delta of its share against its own previous copy
+and uploads it as one part of a multi-part link (SPEC §17.12); the ranks
+exchange only names, dtypes, shapes and 32-byte tensor digests, from which
+every rank computes the whole version's checkpoint digest (§9.4); rank 0
+reads the parts' headers back, checks them as a set and creates the manifest
+revision (signed as the chain is configured).  Version 0 is a sharded
+snapshot, one shard per rank, plus an index rank 0 writes.
+
+Failure: the ranks agree through the group after encoding and after
+uploading; if any rank failed (an exception) every rank raises and rank 0
+creates no revision.  A rank that dies makes the others' collectives fail
+(gloo and NCCL report a closed peer or time out), so no revision is created
+either.  Parts already uploaded are unreferenced objects: never read (RD-4),
+deleted by the next prune.  A rank that fails to bring its previous copy
+forward after a commit drops it; resume with ``previous=``.
+
+The collectives run on ``group`` (default: the default group), through
+``all_gather_object`` and ``broadcast_object_list``: gloo on CPU, NCCL with
+each rank's current CUDA device, the same code.  ``submit`` runs publishing
+in a background thread with a bounded queue; use a group of its own
+(``torch.distributed.new_group()``) so that its collectives never interleave
+with the training loop's.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import tensors as live
+from ..arguments import check_int, check_mapping
+from ..container import open_delta
+from ..digest import TensorIdentity, checkpoint_digest
+from ..errors import BadArgumentError, StorageError, UnsupportedFeatureError, WdeltaError
+from .live import Publisher, _digests, save_weights
+from .manifest import (
+    Link,
+    LinkPart,
+    Manifest,
+    Snapshot,
+    SnapshotFile,
+    Version,
+    delta_key,
+    new_manifest,
+    parse_manifest,
+    utc_now,
+)
+from .ops import AppendOptions, _appending, append_parts
+from .parts import mark_part
+from .store import Chain, as_chain, file_digest
+
+Ids = list[tuple[str, str, tuple[int, ...], str]]
+
+
+def _dist() -> Any:
+    """``torch.distributed``, imported on first use (torch is an optional dependency)."""
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise UnsupportedFeatureError(
+            "distributed publishing needs torch (pip install 'wdelta[torch]')"
+        ) from exc
+    if not dist.is_available() or not dist.is_initialized():
+        raise BadArgumentError("distributed publishing needs an initialized process group "
+                               "(torch.distributed.init_process_group)")  # fmt: skip
+    return dist
+
+
+def assign_by_bytes(sizes: Mapping[str, int], ranks: int) -> list[list[str]]:
+    """Whole tensors to ``ranks`` ranks, balanced by bytes: largest first, each to the
+    rank with the fewest bytes so far (ties to the lower rank).  Deterministic, so
+    every rank computes the same assignment from the same ``sizes`` without talking."""
+    check_int(ranks, "ranks", 1)
+    loads = [0] * ranks
+    out: list[list[str]] = [[] for _ in range(ranks)]
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n.encode("utf-8"))):
+        r = min(range(ranks), key=lambda i: (loads[i], i))
+        out[r].append(name)
+        loads[r] += sizes[name]
+    return out
+
+
+def share_of(weights: Mapping[str, Any], rank: int, ranks: int) -> dict[str, Any]:
+    """Rank ``rank``'s share of a mapping every rank holds the names of (by bytes)."""
+    check_mapping(weights, "weights")
+    sizes = {n: live.slot(n, v).elements * live.slot(n, v).dtype.size for n, v in weights.items()}
+    return {n: weights[n] for n in assign_by_bytes(sizes, ranks)[rank]}
+
+
+@dataclass
+class _Outcome:
+    """What one rank reports to the others at a synchronisation point."""
+
+    error: str | None = None
+    value: Any = None
+
+
+class DistributedPublisher:
+    """One rank's publisher: ``publish(share)`` on every rank of ``group`` publishes the
+    union of the shares as the chain's next version (see the module's documentation).
+
+    ``share`` holds whole tensors, disjoint from the other ranks' (a rank may hold
+    none).  ``previous`` resumes on an existing chain: this rank's share of its head.
+    Memory per rank: the previous copy of its share (host RAM, as ``Publisher``), a
+    few chunks of scratch per thread, and the encoded part on local disk; ``submit``
+    adds one staged copy per queued step (on the weights' device).
+    """
+
+    def __init__(
+        self, chain: Chain, *, group: Any = None, options: AppendOptions | None = None,
+        previous: Mapping[str, Any] | None = None, check_previous: bool = False,
+    ) -> None:  # fmt: skip
+        self.dist = _dist()
+        self.group = group
+        self.rank = self.dist.get_rank(group)
+        self.world = self.dist.get_world_size(group)
+        self.chain = as_chain(chain)
+        self._local = Publisher(self.chain, options=options, check_previous=check_previous)
+        self._started = previous is not None
+        if previous is not None:
+            self._local._remember(previous)
+        self._queue: queue.Queue[tuple[Any, ...] | None] | None = None
+        self._worker: threading.Thread | None = None
+
+    # ------------------------------------------------------------ collectives
+
+    def _gather(self, outcome: _Outcome) -> list[_Outcome]:
+        got: list[Any] = [None] * self.world
+        try:
+            self.dist.all_gather_object(got, outcome, group=self.group)
+        except RuntimeError as exc:  # a peer died or timed out
+            raise StorageError(f"publishing aborted, the process group failed: {exc}") from exc
+        return got
+
+    def _agree(self, outcome: _Outcome) -> list[Any]:
+        """Every rank's value, or raise on every rank if any rank failed."""
+        got = self._gather(outcome)
+        failed = [(r, o.error) for r, o in enumerate(got) if o.error is not None]
+        if failed:
+            r, why = failed[0]
+            raise StorageError(f"rank {r} failed, nothing published: {why}")
+        return [o.value for o in got]
+
+    def _from_rank0(self, outcome: _Outcome | None) -> Any:
+        box = [outcome]
+        try:
+            self.dist.broadcast_object_list(box, src=self._global(0), group=self.group)
+        except RuntimeError as exc:
+            raise StorageError(f"publishing aborted, the process group failed: {exc}") from exc
+        result = box[0]
+        assert isinstance(result, _Outcome)
+        if result.error is not None:
+            raise StorageError(f"rank 0 could not publish: {result.error}")
+        return result.value
+
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else int(self.dist.get_global_rank(self.group, rank))
+
+    # ------------------------------------------------------------ publishing
+
+    def publish(
+        self, share: Mapping[str, Any], *, step: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Manifest:  # fmt: skip
+        """Publish the union of every rank's ``share`` as the next version (collective:
+        every rank of the group calls it); the new manifest on every rank."""
+        check_mapping(share, "share")
+        with tempfile.TemporaryDirectory(prefix="wdelta-rank-") as tmp:
+            if not self._started:
+                m = self._init(share, Path(tmp), step, metadata)
+                self._local._remember(share)
+                self._started = True
+                return m
+            return self._step(share, Path(tmp), step, metadata)
+
+    def _init(
+        self, share: Mapping[str, Any], tmp: Path, step: int | None,
+        metadata: Mapping[str, str] | None,
+    ) -> Manifest:  # fmt: skip
+        """Version 0: a sharded snapshot, one shard per rank that holds tensors."""
+        holders = [r for r, n in enumerate(self._agree(_Outcome(value=len(share)))) if n]
+        mine = _Outcome()
+        try:
+            if self.rank == 0 and self.chain.revisions():
+                raise BadArgumentError("the chain exists: pass previous= to resume it")
+            if share:
+                i = holders.index(self.rank)
+                name = ("model.safetensors" if len(holders) == 1
+                        else f"model-{i + 1:05d}-of-{len(holders):05d}.safetensors")  # fmt: skip
+                mine.value = (self._upload_shard(share, tmp / name), _ids(share, self._threads))
+        except WdeltaError as exc:
+            mine = _Outcome(f"{type(exc).__name__}: {exc}")
+        shards = self._agree(mine)
+        result = None
+        if self.rank == 0:
+            result = _guarded(lambda: self._create_first(shards, tmp, step, metadata))
+        return parse_manifest(self._from_rank0(result))
+
+    @property
+    def _threads(self) -> int:
+        return check_int(self._local.options.threads, "threads", 1)
+
+    def _upload_shard(self, share: Mapping[str, Any], path: Path) -> SnapshotFile:
+        save_weights(share, path)
+        entry = SnapshotFile(path.name, file_digest(path, "sha256"), path.stat().st_size)
+        self.chain.upload(entry.key, path, entry.sha256, "sha256")
+        return entry
+
+    def _create_first(
+        self, shards: list[Any], tmp: Path, step: int | None, metadata: Mapping[str, str] | None
+    ) -> bytes:
+        held = [s for s in shards if s is not None]
+        files = [f for f, _ in held]
+        ids = [i for _, group in held for i in group]
+        if len(files) > 1:
+            weight_map = {i[0]: f.name for f, group in held for i in group}
+            index = tmp / "model.safetensors.index.json"
+            index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
+            entry = SnapshotFile(index.name, file_digest(index, "sha256"), index.stat().st_size)
+            self.chain.upload(entry.key, index, entry.sha256, "sha256")
+            files.append(entry)
+        version = Version(0, _digest(ids), step, utc_now(), dict(metadata or {}))
+        snapshot = Snapshot(0, tuple(sorted(files, key=lambda f: f.name)))
+        return self.chain.create_first(new_manifest(version, snapshot)).to_bytes()
+
+    def _step(
+        self, share: Mapping[str, Any], tmp: Path, step: int | None,
+        metadata: Mapping[str, str] | None,
+    ) -> Manifest:  # fmt: skip
+        raw, out = tmp / "share.wdelta", tmp / "part.wdelta"
+        mine = _Outcome()
+        try:
+            if share:
+                self._local._diff(share, raw)
+                mine.value = _delta_ids(raw)
+        except WdeltaError as exc:
+            mine = _Outcome(f"{type(exc).__name__}: {exc}")
+        encoded = self._agree(mine)
+        holders = [r for r, v in enumerate(encoded) if v is not None]
+        if not holders:
+            raise BadArgumentError("no rank holds a tensor: nothing to publish")
+        base = _digest([i for v in encoded if v is not None for i in v[0]])
+        target = _digest([i for v in encoded if v is not None for i in v[1]])
+        mine = _Outcome()
+        try:
+            if share:
+                mine.value = self._upload_part(raw, out, holders, base, target)
+        except WdeltaError as exc:
+            mine = _Outcome(f"{type(exc).__name__}: {exc}")
+        uploaded = [v for v in self._agree(mine) if v is not None]
+        result = None
+        if self.rank == 0:
+            result = _guarded(lambda: self._commit(uploaded, base, target, step, metadata))
+        m = parse_manifest(self._from_rank0(result))
+        if share:
+            self._local._advance(share, raw)
+        return m
+
+    def _upload_part(
+        self, raw: Path, out: Path, holders: list[int], base: str, target: str
+    ) -> tuple[str, int, bool]:
+        """Store this rank's part (its delta marked as part i of n; a link of one part is
+        the delta itself, MP-1); (digest, size, reversible)."""
+        if len(holders) == 1:
+            out = raw
+        else:
+            mark_part(raw, out, holders.index(self.rank), len(holders), base, target)
+        digest = file_digest(out, "blake3")
+        self.chain.upload(delta_key(digest), out, digest, "blake3")
+        with open_delta(out) as d:
+            return digest, out.stat().st_size, d.header.reversible
+
+    def _commit(
+        self, uploaded: list[tuple[str, int, bool]], base: str, target: str, step: int | None,
+        metadata: Mapping[str, str] | None,
+    ) -> bytes:  # fmt: skip
+        if len(uploaded) > 1:
+            files = [LinkPart(d, s) for d, s, _ in uploaded]
+            return append_parts(self.chain, files, step=step, metadata=metadata).to_bytes()
+        ((digest, size, reversible),) = uploaded
+
+        def link_of(source: int, target: int) -> Link:
+            return Link(source, target, digest, size, reversible)
+
+        update = _appending(base, target, step, metadata, link_of, None)
+        return self.chain.publish(update).to_bytes()
+
+    # ------------------------------------------------------------ background
+
+    def submit(
+        self,
+        share: Mapping[str, Any],
+        *,
+        step: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+        max_pending: int = 1,
+    ) -> Future[Manifest]:
+        """Publish ``share`` in a background thread; returns at once (or, with
+        ``max_pending`` steps already queued, when one is done), with a Future of
+        the manifest.  The share is staged as a copy on its own device (a GPU
+        tensor is cloned on the GPU: no host RAM), so training may go on
+        updating the weights.  Steps publish in order; a failed step fails its
+        Future and the following ones are still tried."""
+        check_mapping(share, "share")
+        if self._queue is None:
+            self._queue = queue.Queue(maxsize=check_int(max_pending, "max_pending", 1))
+            self._worker = threading.Thread(target=self._run, name="wdelta-publish", daemon=True)
+            self._worker.start()
+        future: Future[Manifest] = Future()
+        staged = {n: _stage(v) for n, v in share.items()}
+        self._queue.put((staged, step, metadata, future))
+        return future
+
+    def _run(self) -> None:
+        assert self._queue is not None
+        while (item := self._queue.get()) is not None:
+            staged, step, metadata, future = item
+            try:
+                future.set_result(self.publish(staged, step=step, metadata=metadata))
+            except BaseException as exc:
+                future.set_exception(exc)
+            del staged, item
+
+    def close(self) -> None:
+        """Wait for the queued steps, then stop the background thread."""
+        if self._queue is not None and self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+            self._queue = self._worker = None
+
+
+def _stage(value: Any) -> Any:
+    """A copy of a tensor on its own device, or of an array."""
+    return value.detach().clone() if live.is_torch(value) else np.array(value, copy=True)
+
+
+def _guarded(make: Callable[[], bytes]) -> _Outcome:
+    try:
+        return _Outcome(value=make())
+    except WdeltaError as exc:
+        return _Outcome(f"{type(exc).__name__}: {exc}")
+
+
+def _ids(share: Mapping[str, Any], threads: int) -> Ids:
+    digests = _digests(share, threads)
+    slots = [live.slot(n, v) for n, v in share.items()]
+    return [(s.name, s.dtype.name, s.shape, digests[s.name]) for s in slots]
+
+
+def _delta_ids(delta: Path) -> tuple[Ids, Ids]:
+    """The base-side and target-side tensor identities of an encoded delta."""
+    with open_delta(delta) as d:
+        sides = tuple(
+            [(i.name, i.dtype, i.shape, i.digest) for i in
+             (t.identity(side) for t in d.header.side_tensors(side))]
+            for side in ("base", "target")
+        )  # fmt: skip
+    return sides[0], sides[1]
+
+
+def _digest(ids: Ids) -> str:
+    return checkpoint_digest(TensorIdentity(*i) for i in ids)
