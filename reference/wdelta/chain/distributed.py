@@ -102,10 +102,19 @@ def share_of(weights: Mapping[str, Any], rank: int, ranks: int) -> dict[str, Any
 
 @dataclass
 class _Outcome:
-    """What one rank reports to the others at a synchronisation point."""
+    """What one rank reports to the others at a synchronisation point; ``raised`` (the
+    rank's own exception) stays on the rank, the others get its text."""
 
     error: str | None = None
     value: Any = None
+    raised: WdeltaError | None = None
+
+    @classmethod
+    def failed(cls, exc: WdeltaError) -> _Outcome:
+        return cls(f"{type(exc).__name__}: {exc}", raised=exc)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"error": self.error, "value": self.value, "raised": None}
 
 
 class DistributedPublisher:
@@ -149,6 +158,8 @@ class DistributedPublisher:
         """Every rank's value, or raise on every rank if any rank failed."""
         got = self._gather(outcome)
         failed = [(r, o.error) for r, o in enumerate(got) if o.error is not None]
+        if outcome.raised is not None:
+            raise outcome.raised  # this rank's own failure, with its own category
         if failed:
             r, why = failed[0]
             raise StorageError(f"rank {r} failed, nothing published: {why}")
@@ -162,6 +173,8 @@ class DistributedPublisher:
             raise StorageError(f"publishing aborted, the process group failed: {exc}") from exc
         result = box[0]
         assert isinstance(result, _Outcome)
+        if outcome is not None and outcome.raised is not None:
+            raise outcome.raised
         if result.error is not None:
             raise StorageError(f"rank 0 could not publish: {result.error}")
         return result.value
@@ -202,7 +215,7 @@ class DistributedPublisher:
                         else f"model-{i + 1:05d}-of-{len(holders):05d}.safetensors")  # fmt: skip
                 mine.value = (self._upload_shard(share, tmp / name), _ids(share, self._threads))
         except WdeltaError as exc:
-            mine = _Outcome(f"{type(exc).__name__}: {exc}")
+            mine = _Outcome.failed(exc)
         shards = self._agree(mine)
         result = None
         if self.rank == 0:
@@ -225,6 +238,10 @@ class DistributedPublisher:
         held = [s for s in shards if s is not None]
         files = [f for f, _ in held]
         ids = [i for _, group in held for i in group]
+        names = [i[0] for i in ids]
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise BadArgumentError(f"tensor {twice[0]!r} is in the shares of two ranks")
         if len(files) > 1:
             weight_map = {i[0]: f.name for f, group in held for i in group}
             index = tmp / "model.safetensors.index.json"
@@ -247,7 +264,7 @@ class DistributedPublisher:
                 self._local._diff(share, raw)
                 mine.value = _delta_ids(raw)
         except WdeltaError as exc:
-            mine = _Outcome(f"{type(exc).__name__}: {exc}")
+            mine = _Outcome.failed(exc)
         encoded = self._agree(mine)
         holders = [r for r, v in enumerate(encoded) if v is not None]
         if not holders:
@@ -259,7 +276,7 @@ class DistributedPublisher:
             if share:
                 mine.value = self._upload_part(raw, out, holders, base, target)
         except WdeltaError as exc:
-            mine = _Outcome(f"{type(exc).__name__}: {exc}")
+            mine = _Outcome.failed(exc)
         uploaded = [v for v in self._agree(mine) if v is not None]
         result = None
         if self.rank == 0:
@@ -351,7 +368,7 @@ def _guarded(make: Callable[[], bytes]) -> _Outcome:
     try:
         return _Outcome(value=make())
     except WdeltaError as exc:
-        return _Outcome(f"{type(exc).__name__}: {exc}")
+        return _Outcome.failed(exc)
 
 
 def _ids(share: Mapping[str, Any], threads: int) -> Ids:
