@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -164,6 +165,10 @@ def _appending(
     return update
 
 
+# Parts' headers read back at once by a multi-part publish: one ranged read each.
+HEADER_READERS = 32
+
+
 def append_parts(
     chain: Chain | PathLike, files: Sequence[LinkPart], *, step: int | None = None,
     metadata: Mapping[str, str] | None = None,
@@ -176,7 +181,8 @@ def append_parts(
     chain = as_chain(chain)
     if len(files) < 2:
         raise BadArgumentError("a multi-part link has at least two parts")
-    headers = [read_remote_header(chain.storage, f)[0] for f in files]
+    with ThreadPoolExecutor(min(len(files), HEADER_READERS)) as pool:  # latency-bound
+        headers = list(pool.map(lambda f: read_remote_header(chain.storage, f)[0], files))
     first = headers[0].part
     if first is None:
         raise ChainBrokenError(f"delta {files[0].digest[:16]} is not a part of a link")
