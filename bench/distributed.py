@@ -122,7 +122,7 @@ def _instrument(pub: Any) -> dict[str, list[float]]:
     phases: dict[str, list[float]] = {}
     targets = [(pub._local, "_diff", "encode"), (pub, "_upload_part", "upload"),
                (pub, "_commit", "commit"), (pub._local, "_advance", "advance"),
-               (pub, "_gather", "gather"), (pub, "_from_rank0", "broadcast")]  # fmt: skip
+               (pub.group, "gather", "gather"), (pub.group, "from_rank0", "broadcast")]  # fmt: skip
     for obj, attr, label in targets:
         fn = getattr(obj, attr)
 

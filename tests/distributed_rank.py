@@ -12,9 +12,12 @@ step ``fail`` (every rank must then fail that step and publish the next);
 ``kill`` makes rank 1 exit mid-publish at step ``kill`` (after uploading its
 part): the survivors record the error in OUT/t{RANK}-error.json and exit 3.
 
-``follower``: follows the chain into memory, holding only its share of the
-tensors (a partial follower), until the version of step CONFIG["steps"]; writes
-OUT/f{RANK}-v{N}.json with its tensors' digests at every version.
+``follower``: the ranks of another gloo group (one inference node) follow the chain
+into memory together (``follow_in_group``), each holding only its share of the
+tensors, until the version of step CONFIG["steps"]; each writes OUT/f{RANK}-v{N}.json
+with its tensors' digests at every version the group reached.  Rank 1 fails once
+applying a link to version CONFIG["follower_fail"]: every rank must report the
+poll (OUT/f{RANK}-errors.jsonl) and stay at its version, and retry.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import tinyllama
 
 from wdelta import chain, tensors
-from wdelta.chain import distributed
+from wdelta.chain import distributed, group_follow
 from wdelta.chain.storage.s3 import S3Storage
 from wdelta.errors import StorageError, WdeltaError
 
@@ -109,12 +112,33 @@ def follower(rank: int, world: int, c: chain.Chain, out: Path, cfg: dict[str, An
     write_json(out / f"f{rank}-v{version.number}.json", digests(weights))
     if version.step == cfg["steps"]:
         return 0
-    for v in chain.follow_weights(c, weights, at=version.number, tensors=mine, interval=0.1,
-                                  backoff=(0.1, 0.5)):  # fmt: skip
+    if rank == 1:
+        _fail_once(cfg["follower_fail"])
+
+    def report(exc: WdeltaError, failures: int) -> None:
+        with open(out / f"f{rank}-errors.jsonl", "a") as f:
+            f.write(json.dumps({"category": exc.category, "message": str(exc)}) + "\n")
+
+    follow = group_follow.follow_in_group(c, weights, at=version.number, tensors=mine,
+                                          interval=0.1, backoff=(0.1, 0.5), on_error=report)
+    for v in follow:
         write_json(out / f"f{rank}-v{v.number}.json", digests(weights))
         if v.step == cfg["steps"]:  # the last step (a failed step has no version)
             return 0
     return 1
+
+
+def _fail_once(version: int) -> None:
+    """The first application of a link to ``version`` raises (after the others applied)."""
+    apply, failed = group_follow._apply_link, []
+
+    def failing(chain_: Any, m: Any, link: Any, *args: Any) -> None:
+        if link.target == version and not args[1] and not failed:
+            failed.append(True)
+            raise StorageError("injected download failure")
+        apply(chain_, m, link, *args)
+
+    group_follow._apply_link = failing  # type: ignore[assignment]
 
 
 def main() -> int:
@@ -122,12 +146,11 @@ def main() -> int:
     cfg = json.loads(config)
     torch.set_num_threads(1)
     c = open_chain(endpoint, bucket, prefix, Path(out) / f"cache-{role}-{rank}")
-    if role == "follower":
-        return follower(int(rank), int(world), c, Path(out), cfg)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=int(rank), world_size=int(world),
                             timeout=datetime.timedelta(seconds=60))  # fmt: skip
-    code = trainer(int(rank), int(world), c, Path(out), cfg)
+    run = follower if role == "follower" else trainer
+    code = run(int(rank), int(world), c, Path(out), cfg)
     if code != 0:
         os._exit(code)  # a peer died: the group cannot be torn down collectively
     dist.destroy_process_group()

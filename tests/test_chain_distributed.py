@@ -3,7 +3,8 @@
 Two trainer processes (a gloo group on loopback) train a small Llama-style
 model with AdamW and publish each step's bf16 copy to a loopback S3 server,
 each rank its share as one part of a multi-part link; two partial follower
-processes follow the chain into memory.  Every tensor each follower holds at
+processes (ranks of one node's gloo group) follow the chain into memory together, one
+injected failure making both stay at their version and retry.  Every tensor each follower holds at
 every version is the trainer's, bit for bit.  A rank that raises makes that
 step fail on every rank (no revision), and the next step publishes; a rank
 killed mid-publish leaves no revision.
@@ -74,7 +75,7 @@ def _published(out: Path, rank: int, version: int) -> dict[str, str]:
 
 def test_two_ranks_publish_two_followers_apply(s3: S3Server, tmp_path: Path) -> None:
     bucket, steps = s3.new_bucket(), 5
-    cfg = {"model": MODEL, "steps": steps, "fail": 2}
+    cfg = {"model": MODEL, "steps": steps, "fail": 2, "follower_fail": 2}
     trainers = _spawn("trainer", 2, s3, bucket, "runs/d", tmp_path, cfg)
     followers = _spawn("follower", 2, s3, bucket, "runs/d", tmp_path, cfg)
     assert _wait(trainers) == [0, 0], _errors(trainers)
@@ -87,7 +88,11 @@ def test_two_ranks_publish_two_followers_apply(s3: S3Server, tmp_path: Path) -> 
     for rank in (0, 1):
         error = json.loads((tmp_path / f"t{rank}-error-2.json").read_text())
         assert error["category"] == "io-error", error
-    for version in range(len(m.versions)):
+    # The group yields the head each poll reached: the same versions on both ranks, the last one.
+    reached = [sorted(int(p.stem.split("-v")[1]) for p in tmp_path.glob(f"f{f}-v*.json"))
+               for f in (0, 1)]  # fmt: skip
+    assert reached[0] == reached[1] and reached[0][-1] == len(m.versions) - 1, reached
+    for version in reached[0]:
         trained = _published(tmp_path, 0, version) | _published(tmp_path, 1, version)
         held: dict[str, str] = {}
         for f in (0, 1):
@@ -95,6 +100,9 @@ def test_two_ranks_publish_two_followers_apply(s3: S3Server, tmp_path: Path) -> 
             assert not held.keys() & got.keys()
             held |= got
         assert held == trained, f"version {version}"
+    for f in (0, 1):  # the injected failure on follower rank 1 failed that poll on both
+        errors = [json.loads(x) for x in (tmp_path / f"f{f}-errors.jsonl").read_text().splitlines()]
+        assert any("injected" in e["message"] for e in errors), errors
 
 
 def test_rank_killed_mid_publish_leaves_no_revision(s3: S3Server, tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ import pytest
 
 from chainkit import free_port
 from wdelta import chain
+from wdelta import errors as wdelta_errors
 from wdelta.chain import distributed
+from wdelta.chain.errors import ChainBrokenError
 from wdelta.errors import BadArgumentError, UnsupportedFeatureError
 
 torch = pytest.importorskip("torch")
@@ -84,3 +86,26 @@ def test_needs_a_process_group_and_torch(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setattr(builtins, "__import__", no_torch)
     with pytest.raises(UnsupportedFeatureError, match="needs torch"):
         distributed.DistributedPublisher(c)
+
+
+def test_group_follow_reaches_the_head_or_stays(group: None, tmp_path: Path) -> None:
+    from wdelta.chain.group_follow import follow_in_group
+
+    c = chain.Chain(chain.open_storage(str(tmp_path / "a")), cache=tmp_path / "ca")
+    pub, history = distributed.DistributedPublisher(c), [weights(0)]
+    pub.publish(history[0], step=0)
+    for k in (1, 2):
+        history.append(stepped(history[-1], k))
+        pub.publish(history[-1], step=k)
+    live = {n: a.copy() for n, a in history[0].items()}
+    got = list(follow_in_group(c, live, at=0, max_polls=2, interval=0))
+    assert [v.number for v in got] == [2]  # one poll reached the head; the next had nothing new
+    assert all(live[n].tobytes() == history[2][n].tobytes() for n in live)
+    wrong = {n: a.copy() for n, a in history[0].items()}
+    wrong["c"][0] = 5  # not version 0: the first link fails its digest check, nothing moves
+    before = {n: a.tobytes() for n, a in wrong.items()}
+    with pytest.raises(wdelta_errors.BaseMismatchError):
+        list(follow_in_group(c, wrong, at=0, max_polls=1, interval=0))
+    assert {n: a.tobytes() for n, a in wrong.items()} == before
+    with pytest.raises(ChainBrokenError, match="no longer in the chain"):
+        list(follow_in_group(c, live, at=7, max_polls=1, interval=0))

@@ -34,7 +34,6 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,8 @@ from .. import tensors as live
 from ..arguments import check_int, check_mapping
 from ..container import open_delta
 from ..digest import TensorIdentity, checkpoint_digest
-from ..errors import BadArgumentError, StorageError, UnsupportedFeatureError, WdeltaError
+from ..errors import BadArgumentError, WdeltaError
+from .collective import Group, Outcome
 from .live import Publisher, _digests, save_weights
 from .manifest import (
     Link,
@@ -63,20 +63,6 @@ from .parts import mark_part
 from .store import Chain, as_chain, file_digest
 
 Ids = list[tuple[str, str, tuple[int, ...], str]]
-
-
-def _dist() -> Any:
-    """``torch.distributed``, imported on first use (torch is an optional dependency)."""
-    try:
-        import torch.distributed as dist
-    except ImportError as exc:
-        raise UnsupportedFeatureError(
-            "distributed publishing needs torch (pip install 'wdelta[torch]')"
-        ) from exc
-    if not dist.is_available() or not dist.is_initialized():
-        raise BadArgumentError("distributed publishing needs an initialized process group "
-                               "(torch.distributed.init_process_group)")  # fmt: skip
-    return dist
 
 
 def assign_by_bytes(sizes: Mapping[str, int], ranks: int) -> list[list[str]]:
@@ -100,23 +86,6 @@ def share_of(weights: Mapping[str, Any], rank: int, ranks: int) -> dict[str, Any
     return {n: weights[n] for n in assign_by_bytes(sizes, ranks)[rank]}
 
 
-@dataclass
-class _Outcome:
-    """What one rank reports to the others at a synchronisation point; ``raised`` (the
-    rank's own exception) stays on the rank, the others get its text."""
-
-    error: str | None = None
-    value: Any = None
-    raised: WdeltaError | None = None
-
-    @classmethod
-    def failed(cls, exc: WdeltaError) -> _Outcome:
-        return cls(f"{type(exc).__name__}: {exc}", raised=exc)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"error": self.error, "value": self.value, "raised": None}
-
-
 class DistributedPublisher:
     """One rank's publisher: ``publish(share)`` on every rank of ``group`` publishes the
     union of the shares as the chain's next version (see the module's documentation).
@@ -132,10 +101,8 @@ class DistributedPublisher:
         self, chain: Chain, *, group: Any = None, options: AppendOptions | None = None,
         previous: Mapping[str, Any] | None = None, check_previous: bool = False,
     ) -> None:  # fmt: skip
-        self.dist = _dist()
-        self.group = group
-        self.rank = self.dist.get_rank(group)
-        self.world = self.dist.get_world_size(group)
+        self.group = Group(group, "publishing", "nothing published")
+        self.rank = self.group.rank
         self.chain = as_chain(chain)
         self._local = Publisher(self.chain, options=options, check_previous=check_previous)
         self._started = previous is not None
@@ -143,44 +110,6 @@ class DistributedPublisher:
             self._local._remember(previous)
         self._queue: queue.Queue[tuple[Any, ...] | None] | None = None
         self._worker: threading.Thread | None = None
-
-    # ------------------------------------------------------------ collectives
-
-    def _gather(self, outcome: _Outcome) -> list[_Outcome]:
-        got: list[Any] = [None] * self.world
-        try:
-            self.dist.all_gather_object(got, outcome, group=self.group)
-        except RuntimeError as exc:  # a peer died or timed out
-            raise StorageError(f"publishing aborted, the process group failed: {exc}") from exc
-        return got
-
-    def _agree(self, outcome: _Outcome) -> list[Any]:
-        """Every rank's value, or raise on every rank if any rank failed."""
-        got = self._gather(outcome)
-        failed = [(r, o.error) for r, o in enumerate(got) if o.error is not None]
-        if outcome.raised is not None:
-            raise outcome.raised  # this rank's own failure, with its own category
-        if failed:
-            r, why = failed[0]
-            raise StorageError(f"rank {r} failed, nothing published: {why}")
-        return [o.value for o in got]
-
-    def _from_rank0(self, outcome: _Outcome | None) -> Any:
-        box = [outcome]
-        try:
-            self.dist.broadcast_object_list(box, src=self._global(0), group=self.group)
-        except RuntimeError as exc:
-            raise StorageError(f"publishing aborted, the process group failed: {exc}") from exc
-        result = box[0]
-        assert isinstance(result, _Outcome)
-        if outcome is not None and outcome.raised is not None:
-            raise outcome.raised
-        if result.error is not None:
-            raise StorageError(f"rank 0 could not publish: {result.error}")
-        return result.value
-
-    def _global(self, rank: int) -> int:
-        return rank if self.group is None else int(self.dist.get_global_rank(self.group, rank))
 
     # ------------------------------------------------------------ publishing
 
@@ -204,8 +133,8 @@ class DistributedPublisher:
         metadata: Mapping[str, str] | None,
     ) -> Manifest:  # fmt: skip
         """Version 0: a sharded snapshot, one shard per rank that holds tensors."""
-        holders = [r for r, n in enumerate(self._agree(_Outcome(value=len(share)))) if n]
-        mine = _Outcome()
+        holders = [r for r, n in enumerate(self.group.agree(Outcome(value=len(share)))) if n]
+        mine = Outcome()
         try:
             if self.rank == 0 and self.chain.revisions():
                 raise BadArgumentError("the chain exists: pass previous= to resume it")
@@ -215,12 +144,12 @@ class DistributedPublisher:
                         else f"model-{i + 1:05d}-of-{len(holders):05d}.safetensors")  # fmt: skip
                 mine.value = (self._upload_shard(share, tmp / name), _ids(share, self._threads))
         except WdeltaError as exc:
-            mine = _Outcome.failed(exc)
-        shards = self._agree(mine)
+            mine = Outcome.failed(exc)
+        shards = self.group.agree(mine)
         result = None
         if self.rank == 0:
             result = _guarded(lambda: self._create_first(shards, tmp, step, metadata))
-        return parse_manifest(self._from_rank0(result))
+        return parse_manifest(self.group.from_rank0(result))
 
     @property
     def _threads(self) -> int:
@@ -258,30 +187,30 @@ class DistributedPublisher:
         metadata: Mapping[str, str] | None,
     ) -> Manifest:  # fmt: skip
         raw, out = tmp / "share.wdelta", tmp / "part.wdelta"
-        mine = _Outcome()
+        mine = Outcome()
         try:
             if share:
                 self._local._diff(share, raw)
                 mine.value = _delta_ids(raw)
         except WdeltaError as exc:
-            mine = _Outcome.failed(exc)
-        encoded = self._agree(mine)
+            mine = Outcome.failed(exc)
+        encoded = self.group.agree(mine)
         holders = [r for r, v in enumerate(encoded) if v is not None]
         if not holders:
             raise BadArgumentError("no rank holds a tensor: nothing to publish")
         base = _digest([i for v in encoded if v is not None for i in v[0]])
         target = _digest([i for v in encoded if v is not None for i in v[1]])
-        mine = _Outcome()
+        mine = Outcome()
         try:
             if share:
                 mine.value = self._upload_part(raw, out, holders, base, target)
         except WdeltaError as exc:
-            mine = _Outcome.failed(exc)
-        uploaded = [v for v in self._agree(mine) if v is not None]
+            mine = Outcome.failed(exc)
+        uploaded = [v for v in self.group.agree(mine) if v is not None]
         result = None
         if self.rank == 0:
             result = _guarded(lambda: self._commit(uploaded, base, target, step, metadata))
-        m = parse_manifest(self._from_rank0(result))
+        m = parse_manifest(self.group.from_rank0(result))
         if share:
             self._local._advance(share, raw)
         return m
@@ -364,11 +293,11 @@ def _stage(value: Any) -> Any:
     return value.detach().clone() if live.is_torch(value) else np.array(value, copy=True)
 
 
-def _guarded(make: Callable[[], bytes]) -> _Outcome:
+def _guarded(make: Callable[[], bytes]) -> Outcome:
     try:
-        return _Outcome(value=make())
+        return Outcome(value=make())
     except WdeltaError as exc:
-        return _Outcome.failed(exc)
+        return Outcome.failed(exc)
 
 
 def _ids(share: Mapping[str, Any], threads: int) -> Ids:
