@@ -196,3 +196,21 @@ def test_manifest_rules(tmp_path: Path) -> None:
     fresh = chain.Chain(c.storage, cache=tmp_path / "other-cache")
     with pytest.raises(wdelta.errors.ChecksumMismatchError):
         check_files(fresh, fresh.head())
+
+
+def test_prune_keeps_parts_squash_refuses(tmp_path: Path) -> None:
+    c, history = published(tmp_path, steps=3)
+    stray = tmp_path / "stray.wdelta"
+    stray.write_bytes(b"x" * 100)
+    c.upload("deltas/" + "0" * 64 + ".wdelta", stray, file_digest(stray, "blake3"), "blake3")
+    chain.prune(c, chain.Policy(snapshot_every=100, keep_links=2, keep_revisions=1))
+    m = c.head()
+    kept = {f.key for k in m.links for f in k.files}
+    # Every link is needed from the one snapshot (version 0): all parts kept, the stray deleted.
+    assert len(m.links) == 3 and all(len(k.parts) == 2 for k in m.links)
+    assert {o.key for o in c.storage.list("deltas/")} == kept
+    node = tmp_path / "node.safetensors"
+    chain.pull(chain.Chain(c.storage, cache=tmp_path / "c2"), node)
+    assert digest_of_path(node) == weights_digest(history[3])
+    with pytest.raises(wdelta.errors.BadArgumentError, match="multi-part"):
+        chain.squash(c, 1, 3)
