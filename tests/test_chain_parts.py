@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import wdelta
-from wdelta import chain
+from wdelta import chain, schemas
 from wdelta.chain.errors import ChainBrokenError, ManifestInvalidError
 from wdelta.chain.live import weights_digest
 from wdelta.chain.local import digest_of_path
@@ -19,6 +19,7 @@ from wdelta.chain.ops import append_parts, check_files
 from wdelta.chain.parts import mark_part
 from wdelta.chain.store import file_digest
 from wdelta.errors import HeaderInvalidError, UnsupportedFeatureError
+from wdelta.inspect import summarize
 
 
 def weights(seed: int) -> dict[str, Any]:
@@ -88,6 +89,11 @@ def test_a_part_is_a_delta_of_its_tensors(tmp_path: Path) -> None:
     sub = {"a.weight": old["a.weight"].copy()}
     wdelta.apply_inplace(sub, out)
     assert sub["a.weight"].tobytes() == new["a.weight"].tobytes()
+    with wdelta.open_delta(out) as d, wdelta.open_delta(raw) as plain:
+        shown, unmarked = summarize(d).to_json(), summarize(plain).to_json()
+    assert schemas.violation("inspect", shown) is None and unmarked["part"] is None
+    assert shown["part"] == {"index": 1, "count": 3, "base": weights_digest(old),
+                             "target": weights_digest(new)}  # fmt: skip
     raw_bytes, out_bytes = raw.read_bytes(), out.read_bytes()
     assert raw_bytes[-100:] == out_bytes[-100:]  # the data section is kept as it was
 
