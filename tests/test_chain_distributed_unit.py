@@ -109,3 +109,15 @@ def test_group_follow_reaches_the_head_or_stays(group: None, tmp_path: Path) -> 
     assert {n: a.tobytes() for n, a in wrong.items()} == before
     with pytest.raises(ChainBrokenError, match="no longer in the chain"):
         list(follow_in_group(c, live, at=7, max_polls=1, interval=0))
+
+
+def test_nothing_to_publish(group: None, tmp_path: Path) -> None:
+    c = chain.Chain(chain.open_storage(str(tmp_path / "a")), cache=tmp_path / "ca")
+    pub = distributed.DistributedPublisher(c)
+    with pytest.raises(BadArgumentError, match="no rank holds a tensor"):
+        pub.publish({})
+    assert not c.revisions()
+    pub.publish(weights(0), step=0)
+    with pytest.raises(BadArgumentError, match="no rank holds a tensor"):
+        pub.publish({}, step=1)
+    assert c.head().revision == 1

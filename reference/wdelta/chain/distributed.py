@@ -134,6 +134,8 @@ class DistributedPublisher:
     ) -> Manifest:  # fmt: skip
         """Version 0: a sharded snapshot, one shard per rank that holds tensors."""
         holders = [r for r, n in enumerate(self.group.agree(Outcome(value=len(share)))) if n]
+        if not holders:
+            raise BadArgumentError("no rank holds a tensor: nothing to publish")
         mine = Outcome()
         try:
             if self.rank == 0 and self.chain.revisions():
