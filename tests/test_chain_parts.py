@@ -18,6 +18,7 @@ from wdelta.chain.manifest import LinkPart, delta_key, parse_manifest, revision_
 from wdelta.chain.ops import append_parts, check_files
 from wdelta.chain.parts import mark_part
 from wdelta.chain.store import file_digest
+from wdelta.checkpoint.source import open_checkpoint
 from wdelta.errors import HeaderInvalidError, UnsupportedFeatureError
 from wdelta.inspect import summarize
 
@@ -220,3 +221,17 @@ def test_prune_keeps_parts_squash_refuses(tmp_path: Path) -> None:
     assert digest_of_path(node) == weights_digest(history[3])
     with pytest.raises(wdelta.errors.BadArgumentError, match="multi-part"):
         chain.squash(c, 1, 3)
+
+
+def test_partial_node_reads_its_share_of_a_snapshot(tmp_path: Path) -> None:
+    """Version 0 proven by the parts of link 0 -> 1: a partial pull from nothing reads the
+    snapshot's byte ranges of its tensors, not whole shards."""
+    c, history = published(tmp_path, steps=1)
+    counted: list[int] = []
+    node = tmp_path / "part.safetensors"
+    chain.pull(chain.Chain(c.storage, cache=tmp_path / "pc"), node, to=0, tensors="a.*",
+               progress=counted.append)  # fmt: skip
+    # Two part headers, the snapshot's safetensors header, then a.weight's bytes alone.
+    assert len(counted) == 4 and counted[-1] == history[0]["a.weight"].nbytes, counted
+    with open_checkpoint(node) as ckpt:
+        assert set(ckpt.tensors) == {"a.weight"}
