@@ -9,6 +9,7 @@ data-parallel all-reduce) and publish its bf16 copy, each rank its share
 the background (``submit``).  Each rank writes OUT/t{RANK}-v{N}.json: its
 share's tensor digests at version N.  CONFIG's ``fail`` makes rank 1 raise at
 step ``fail`` (every rank must then fail that step and publish the next);
+``snapshot`` stores the version of that step as a sharded snapshot too;
 ``kill`` makes rank 1 exit mid-publish at step ``kill`` (after uploading its
 part): the survivors record the error in OUT/t{RANK}-error.json and exit 3.
 
@@ -73,7 +74,7 @@ def trainer(rank: int, world: int, c: chain.Chain, out: Path, cfg: dict[str, Any
             tinyllama.train_step(model, opt, next(batches))
         share = distributed.share_of(tinyllama.bf16_copy(model), rank, world)
         try:
-            m = pub.submit(share, step=step).result()
+            m = pub.submit(share, step=step, snapshot=step == cfg.get("snapshot")).result()
         except WdeltaError as exc:
             write_json(out / f"t{rank}-error-{step}.json", {"category": exc.category,
                                                              "message": str(exc)})  # fmt: skip

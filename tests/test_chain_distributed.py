@@ -27,6 +27,7 @@ pytest.importorskip("moto.server")
 
 from chainkit import S3Server, free_port
 from wdelta import chain
+from wdelta.chain.ops import check_files
 from wdelta.chain.storage.s3 import S3Storage
 
 RANK = Path(__file__).resolve().parent / "distributed_rank.py"
@@ -75,7 +76,7 @@ def _published(out: Path, rank: int, version: int) -> dict[str, str]:
 
 def test_two_ranks_publish_two_followers_apply(s3: S3Server, tmp_path: Path) -> None:
     bucket, steps = s3.new_bucket(), 5
-    cfg = {"model": MODEL, "steps": steps, "fail": 2, "follower_fail": 2}
+    cfg = {"model": MODEL, "steps": steps, "fail": 2, "follower_fail": 2, "snapshot": 4}
     trainers = _spawn("trainer", 2, s3, bucket, "runs/d", tmp_path, cfg)
     followers = _spawn("follower", 2, s3, bucket, "runs/d", tmp_path, cfg)
     assert _wait(trainers) == [0, 0], _errors(trainers)
@@ -85,6 +86,12 @@ def test_two_ranks_publish_two_followers_apply(s3: S3Server, tmp_path: Path) -> 
     # Step 2 failed on rank 1, so on both: versions 0..4 hold steps 0, 1, 3, 4, 5.
     assert [v.step for v in m.versions] == [0, 1, 3, 4, 5] and m.revision == 5
     assert all(len(k.parts) == 2 for k in m.links)
+    names = [[f.name for f in s.files] for s in m.snapshots]
+    assert [s.version for s in m.snapshots] == [0, 3] and names[0] == names[1] == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]  # fmt: skip
+    check_files(chain.Chain(c.storage, cache=tmp_path / "check"), m)  # every file, every part
     for rank in (0, 1):
         error = json.loads((tmp_path / f"t{rank}-error-2.json").read_text())
         assert error["category"] == "io-error", error

@@ -115,10 +115,13 @@ class DistributedPublisher:
 
     def publish(
         self, share: Mapping[str, Any], *, step: int | None = None,
-        metadata: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None, snapshot: bool = False,
     ) -> Manifest:  # fmt: skip
         """Publish the union of every rank's ``share`` as the next version (collective:
-        every rank of the group calls it); the new manifest on every rank."""
+        every rank of the group calls it, with the same ``step``, ``metadata`` and
+        ``snapshot``); the new manifest on every rank.  ``snapshot`` also stores the
+        version whole, as a sharded snapshot (one shard per rank; version 0 always is),
+        so that nodes can start there once older links are pruned."""
         check_mapping(share, "share")
         with tempfile.TemporaryDirectory(prefix="wdelta-rank-") as tmp:
             if not self._started:
@@ -126,7 +129,7 @@ class DistributedPublisher:
                 self._local._remember(share)
                 self._started = True
                 return m
-            return self._step(share, Path(tmp), step, metadata)
+            return self._step(share, Path(tmp), step, metadata, snapshot)
 
     def _init(
         self, share: Mapping[str, Any], tmp: Path, step: int | None,
@@ -141,10 +144,8 @@ class DistributedPublisher:
             if self.rank == 0 and self.chain.revisions():
                 raise BadArgumentError("the chain exists: pass previous= to resume it")
             if share:
-                i = holders.index(self.rank)
-                name = ("model.safetensors" if len(holders) == 1
-                        else f"model-{i + 1:05d}-of-{len(holders):05d}.safetensors")  # fmt: skip
-                mine.value = (self._upload_shard(share, tmp / name), _ids(share, self._threads))
+                shard = self._upload_shard(share, tmp / self._shard_name(holders))
+                mine.value = (shard, _ids(share, self._threads))
         except WdeltaError as exc:
             mine = Outcome.failed(exc)
         shards = self.group.agree(mine)
@@ -157,6 +158,10 @@ class DistributedPublisher:
     def _threads(self) -> int:
         return check_int(self._local.options.threads, "threads", 1)
 
+    def _shard_name(self, holders: list[int]) -> str:
+        i, n = holders.index(self.rank), len(holders)
+        return "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
     def _upload_shard(self, share: Mapping[str, Any], path: Path) -> SnapshotFile:
         save_weights(share, path)
         entry = SnapshotFile(path.name, file_digest(path, "sha256"), path.stat().st_size)
@@ -167,12 +172,18 @@ class DistributedPublisher:
         self, shards: list[Any], tmp: Path, step: int | None, metadata: Mapping[str, str] | None
     ) -> bytes:
         held = [s for s in shards if s is not None]
-        files = [f for f, _ in held]
         ids = [i for _, group in held for i in group]
         names = [i[0] for i in ids]
         if len(set(names)) != len(names):
             twice = sorted({n for n in names if names.count(n) > 1})
             raise BadArgumentError(f"tensor {twice[0]!r} is in the shares of two ranks")
+        version = Version(0, _digest(ids), step, utc_now(), dict(metadata or {}))
+        snapshot = self._snapshot(0, held, tmp)
+        return self.chain.create_first(new_manifest(version, snapshot)).to_bytes()
+
+    def _snapshot(self, number: int, held: list[tuple[SnapshotFile, Ids]], tmp: Path) -> Snapshot:
+        """The snapshot of the shards the ranks stored, with the index rank 0 stores."""
+        files = [f for f, _ in held]
         if len(files) > 1:
             weight_map = {i[0]: f.name for f, group in held for i in group}
             index = tmp / "model.safetensors.index.json"
@@ -180,13 +191,11 @@ class DistributedPublisher:
             entry = SnapshotFile(index.name, file_digest(index, "sha256"), index.stat().st_size)
             self.chain.upload(entry.key, index, entry.sha256, "sha256")
             files.append(entry)
-        version = Version(0, _digest(ids), step, utc_now(), dict(metadata or {}))
-        snapshot = Snapshot(0, tuple(sorted(files, key=lambda f: f.name)))
-        return self.chain.create_first(new_manifest(version, snapshot)).to_bytes()
+        return Snapshot(number, tuple(sorted(files, key=lambda f: f.name)))
 
     def _step(
         self, share: Mapping[str, Any], tmp: Path, step: int | None,
-        metadata: Mapping[str, str] | None,
+        metadata: Mapping[str, str] | None, snapshot: bool,
     ) -> Manifest:  # fmt: skip
         raw, out = tmp / "share.wdelta", tmp / "part.wdelta"
         mine = Outcome()
@@ -205,13 +214,20 @@ class DistributedPublisher:
         mine = Outcome()
         try:
             if share:
-                mine.value = self._upload_part(raw, out, holders, base, target)
+                part = self._upload_part(raw, out, holders, base, target)
+                shard = None
+                if snapshot:
+                    entry = self._upload_shard(share, tmp / self._shard_name(holders))
+                    shard = (entry, encoded[self.rank][1])
+                mine.value = (part, shard)
         except WdeltaError as exc:
             mine = Outcome.failed(exc)
         uploaded = [v for v in self.group.agree(mine) if v is not None]
         result = None
         if self.rank == 0:
-            result = _guarded(lambda: self._commit(uploaded, base, target, step, metadata))
+            snap = self._snapshot(0, [s for _, s in uploaded], tmp) if snapshot else None
+            parts = [p for p, _ in uploaded]
+            result = _guarded(lambda: self._commit(parts, base, target, step, metadata, snap))
         m = parse_manifest(self.group.from_rank0(result))
         if share:
             self._local._advance(share, raw)
@@ -233,17 +249,18 @@ class DistributedPublisher:
 
     def _commit(
         self, uploaded: list[tuple[str, int, bool]], base: str, target: str, step: int | None,
-        metadata: Mapping[str, str] | None,
+        metadata: Mapping[str, str] | None, snap: Snapshot | None,
     ) -> bytes:  # fmt: skip
         if len(uploaded) > 1:
             files = [LinkPart(d, s) for d, s, _ in uploaded]
-            return append_parts(self.chain, files, step=step, metadata=metadata).to_bytes()
+            m = append_parts(self.chain, files, step=step, metadata=metadata, snapshot=snap)
+            return m.to_bytes()
         ((digest, size, reversible),) = uploaded
 
         def link_of(source: int, target: int) -> Link:
             return Link(source, target, digest, size, reversible)
 
-        update = _appending(base, target, step, metadata, link_of, None)
+        update = _appending(base, target, step, metadata, link_of, snap)
         return self.chain.publish(update).to_bytes()
 
     # ------------------------------------------------------------ background
@@ -254,9 +271,10 @@ class DistributedPublisher:
         *,
         step: int | None = None,
         metadata: Mapping[str, str] | None = None,
+        snapshot: bool = False,
         max_pending: int = 1,
     ) -> Future[Manifest]:
-        """Publish ``share`` in a background thread; returns at once (or, with
+        """``publish`` in a background thread; returns at once (or, with
         ``max_pending`` steps already queued, when one is done), with a Future of
         the manifest.  The share is staged as a copy on its own device (a GPU
         tensor is cloned on the GPU: no host RAM), so training may go on
@@ -269,15 +287,16 @@ class DistributedPublisher:
             self._worker.start()
         future: Future[Manifest] = Future()
         staged = {n: _stage(v) for n, v in share.items()}
-        self._queue.put((staged, step, metadata, future))
+        self._queue.put((staged, step, metadata, snapshot, future))
         return future
 
     def _run(self) -> None:
         assert self._queue is not None
         while (item := self._queue.get()) is not None:
-            staged, step, metadata, future = item
+            staged, step, metadata, snapshot, future = item
             try:
-                future.set_result(self.publish(staged, step=step, metadata=metadata))
+                m = self.publish(staged, step=step, metadata=metadata, snapshot=snapshot)
+                future.set_result(m)
             except BaseException as exc:
                 future.set_exception(exc)
             del staged, item

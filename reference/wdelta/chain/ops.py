@@ -171,12 +171,13 @@ HEADER_READERS = 32
 
 def append_parts(
     chain: Chain | PathLike, files: Sequence[LinkPart], *, step: int | None = None,
-    metadata: Mapping[str, str] | None = None,
+    metadata: Mapping[str, str] | None = None, snapshot: Snapshot | None = None,
 ) -> Manifest:  # fmt: skip
     """Publish the next version as a multi-part link (SPEC §17.12) whose parts ``files``
     (in part order) are already stored and verified (WR-1); their headers are read
     back and checked as a set before the revision is created, so a link that a reader
-    would refuse is never published."""
+    would refuse is never published.  ``snapshot``: the new version's files, already
+    stored (its version number is set on publishing)."""
     _check_version_fields(step, metadata)
     chain = as_chain(chain)
     if len(files) < 2:
@@ -192,7 +193,7 @@ def append_parts(
     if chain.head().by_digest(src) is None:
         raise BaseMismatchError("the base of the parts is not a version of the chain")
     link_of = partial(multi_part_link, parts=tuple(files), reversible=reversible)
-    return chain.publish(_appending(src, dst, step, metadata, link_of, None))
+    return chain.publish(_appending(src, dst, step, metadata, link_of, snapshot))
 
 
 def log_rows(m: Manifest) -> list[dict[str, Any]]:
