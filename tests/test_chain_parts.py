@@ -116,8 +116,10 @@ def test_pull_full_and_partial(tmp_path: Path) -> None:
     ]
     local = tmp_path / "node" / "model.safetensors"
     local.parent.mkdir()
-    chain.pull(c, local, to=1)
+    got = chain.pull(chain.Chain(c.storage, cache=tmp_path / "fresh"), local, to=1)
     assert digest_of_path(local) == weights_digest(history[1])
+    # From nothing: the snapshot of version 0 and the two parts of link 0 -> 1, each once.
+    assert got.downloaded == m.snapshots[0].size + m.links[0].size
     chain.pull(c, local)
     assert digest_of_path(local) == weights_digest(history[2])
     part = tmp_path / "node" / "part.safetensors"

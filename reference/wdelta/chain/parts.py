@@ -204,7 +204,8 @@ def apply_to_file(
 def _blobs(s: _Source, steps: list[Step], progress: Progress | None) -> Blobs:
     chunks = [c for st in steps for c in st.entry.chunks if c.in_data]
     chunks.sort(key=lambda c: c.offset)
-    return Blobs(s.storage, s.key, s.data_start, chunks, progress)
+    # A part downloaded whole was counted then; only ranged reads of storage count here.
+    return Blobs(s.storage, s.key, s.data_start, chunks, progress if s.path is None else None)
 
 
 def _check_input(tensor: Any, step: Step) -> None:
