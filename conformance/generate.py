@@ -41,6 +41,7 @@ from vectorgen import (  # noqa: E402
     invalid_rules,
     layouts,
     matrix,
+    parts_cases,
     positions,
     signatures,
     special,
@@ -84,11 +85,14 @@ def build_suite() -> Suite:
                         invalid_payload.add_payload_cases, invalid_decode.add_integrity_cases,
                         invalid_decode.add_base_cases,
                         compact_cases.add_compact_cases, coded_cases.add_coded_cases,
-                        inline_cases.add_inline_cases):  # fmt: skip
+                        inline_cases.add_inline_cases,
+                        parts_cases.add_header_cases):  # fmt: skip
         add_invalid(h)
     encoder.add_encoder_cases(suite)
     chains.add_rule_cases(suite)
     chains.add_store_cases(suite)
+    parts_cases.add_rule_cases(suite)
+    parts_cases.add_store_cases(suite)
     signatures.add_signature_cases(suite)
     state_cases.add_state_cases(suite)
     chains.add_seen_cases(suite)

@@ -12,7 +12,10 @@ skips CH-9; ``skip-missing`` skips listed files missing from storage (RD-3);
 ``no-reset`` never releases a state after a root rotation (SG-10);
 ``reset-on-rotation`` releases it after any newer root, even one that keeps the signers;
 ``ignore-after`` drops ``--after`` (no memory of an accepted revision, RD-1);
-``revision-only`` compares revision numbers with the accepted one, never digests.
+``revision-only`` compares revision numbers with the accepted one, never digests;
+``no-part-set`` checks each part of a multi-part link alone, never the set (MP-4);
+``part-headers-only`` checks each part's ``part`` member, but not that the parts' tensors
+are disjoint and hash to the link's versions.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import wdelta.chain.acceptance
 import wdelta.chain.graph
 import wdelta.chain.manifest
 import wdelta.chain.ops
+import wdelta.chain.parts
 import wdelta.chain.signed_cli
 import wdelta.chain.trust
 from wdelta import api, cli
@@ -85,6 +89,13 @@ STATE_MODES = {"forget-trust": forget_trust, "no-reset": no_reset,
                "reset-on-rotation": reset_on_rotation}  # fmt: skip
 
 
+def part_headers_only(m: Any, link: Any, headers: Any) -> None:
+    want = (m.version(link.source).digest, m.version(link.target).digest)
+    for i, h in enumerate(headers):
+        if h.part != (i, len(link.parts), *want):
+            raise wdelta.chain.parts.ChainBrokenError(f"part {i} is not the link's")
+
+
 def main(mode: str, args: list[str]) -> int:
     if mode == "plain-json":
         wdelta.chain.manifest._load_json = plain_json  # type: ignore[assignment]
@@ -101,6 +112,10 @@ def main(mode: str, args: list[str]) -> int:
     if mode == "ignore-after" and "--after" in args:
         at = args.index("--after")
         args = args[:at] + args[at + 2 :]
+    if mode == "no-part-set":
+        wdelta.chain.parts.check_parts = lambda *args: None
+    if mode == "part-headers-only":
+        wdelta.chain.parts.check_parts = part_headers_only
     if mode == "revision-only":
         wdelta.chain.acceptance.check = revision_only
     return cli.run(["chain", "check", "-q", *args])

@@ -545,6 +545,13 @@ BROKEN_READER_CASES = {
                       "manifest/seen/rewritten", "manifest/seen/fork"],
                      ["manifest/seen/valid-same", "manifest/seen/valid-next",
                       "manifest/seen/valid-later"]),
+    "no-part-set": ([f"manifest/store/parts-{n}" for n in (
+        "missing-part", "missing-tensor", "overlapping", "other-step", "out-of-order",
+        "reversible-disagrees")],
+        ["manifest/store/parts-valid", "manifest/store/parts-part-corrupted"]),
+    "part-headers-only": (["manifest/store/parts-missing-tensor",
+                           "manifest/store/parts-overlapping"],
+                          ["manifest/store/parts-valid", "manifest/store/parts-other-step"]),
     "revision-only": (["manifest/seen/rewritten", "manifest/seen/rewritten-whitespace",
                        "manifest/seen/fork"],
                       ["manifest/seen/lower", "manifest/seen/valid-later"]),

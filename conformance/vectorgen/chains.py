@@ -209,7 +209,7 @@ def _key(revision: int) -> str:
     return f"rev-{revision:012d}.json"
 
 
-def _add_rule_case(suite: Suite, name: str, data: bytes, revision: int, what: str,
+def rule_case(suite: Suite, name: str, data: bytes, revision: int, what: str,
                    rule: str, expect: dict[str, Any]) -> None:  # fmt: skip
     path = suite.blob(f"chain/{name}/{_key(revision)}", data)
     suite.add(f"manifest/{name}", "manifest", what, "§17.3", rule, {"manifest": path}, expect)
@@ -224,24 +224,24 @@ def add_rule_cases(suite: Suite) -> None:
              "valid/extended": (extended(),
                                 "unknown members at every level, metadata, times")}  # fmt: skip
     for name, (doc, what) in valid.items():
-        _add_rule_case(suite, name, _text(doc), doc["revision"], what, RULE, accepted())
+        rule_case(suite, name, _text(doc), doc["revision"], what, RULE, accepted())
     good = _text(typical())
     for name, (rule, category, what, text_edit) in TEXT_CASES.items():
         data = text_edit(good)
         assert data != good, name
-        _add_rule_case(suite, f"invalid/{name}", data, 3, what, f"{rule}: {RULE}",
+        rule_case(suite, f"invalid/{name}", data, 3, what, f"{rule}: {RULE}",
                        invalid(category))  # fmt: skip
     for name, (rule, category, what, edit) in DOC_CASES.items():
         doc = typical()
         edit(doc)
-        _add_rule_case(suite, f"invalid/{name}", _text(doc), 3, what, f"{rule}: {RULE}",
+        rule_case(suite, f"invalid/{name}", _text(doc), 3, what, f"{rule}: {RULE}",
                        invalid(category))  # fmt: skip
-    _add_rule_case(suite, "invalid/revision-not-key", good, 4,
+    rule_case(suite, "invalid/revision-not-key", good, 4,
                    "revision 3 read from the key of revision 4", f"CH-4: {RULE}",
                    invalid("manifest-invalid"))  # fmt: skip
     first = typical()
     first["revision"] = 1
-    _add_rule_case(suite, "invalid/parent-in-revision-1", _text(first), 1,
+    rule_case(suite, "invalid/parent-in-revision-1", _text(first), 1,
                    "revision 1 with a parent", f"CH-5: {RULE}",
                    invalid("manifest-invalid"))  # fmt: skip
 
@@ -315,15 +315,21 @@ def add_store_cases(suite: Suite) -> None:
         edit(changed_doc)
         cases[name] = (what, changed_doc, files, invalid("chain-broken"))
     for name, (what, mdoc, store, expect) in cases.items():
-        folder = name.replace("/", "-")
-        path = suite.blob(f"chain/{folder}/{_key(mdoc['revision'])}", _text(mdoc))
-        root = f"chain/{folder}/store"
-        for key, data in store.items():
-            suite.blob(f"{root}/{key}", data)
-        listing = {k: sha256(v) for k, v in sorted(store.items())}
-        suite.inputs[f"vectors/{root}"] = {"path": f"vectors/{root}", "files": listing}
-        suite.add(f"manifest/{name}", "manifest", what, "§17.6", STORE_RULE,
-                  {"manifest": path, "store": f"vectors/{root}"}, expect)  # fmt: skip
+        store_case(suite, name, what, mdoc, store, expect, "§17.6", STORE_RULE)
+
+
+def store_case(suite: Suite, name: str, what: str, mdoc: Doc, store: dict[str, bytes],
+               expect: dict[str, Any], section: str, rule: str) -> None:  # fmt: skip
+    """Register a manifest case with the chain root holding ``store`` (files by key)."""
+    folder = name.replace("/", "-")
+    path = suite.blob(f"chain/{folder}/{_key(mdoc['revision'])}", _text(mdoc))
+    root = f"chain/{folder}/store"
+    for key, data in store.items():
+        suite.blob(f"{root}/{key}", data)
+    listing = {k: sha256(v) for k, v in sorted(store.items())}
+    suite.inputs[f"vectors/{root}"] = {"path": f"vectors/{root}", "files": listing}
+    suite.add(f"manifest/{name}", "manifest", what, section, rule,
+              {"manifest": path, "store": f"vectors/{root}"}, expect)  # fmt: skip
 
 
 SEEN_RULE = ("SPEC §17.6: RD-1 a reader that accepted revision r (bytes of BLAKE3 d) refuses a "
@@ -338,8 +344,10 @@ def _successor(doc: Doc, parent: bytes, revision: int) -> Doc:
     last = new["versions"][-1]["number"]
     new["versions"].append(_version(last + 1, "seen", 100 * (last + 1)))
     new["links"].append(_link(last, last + 1))
-    new.update(revision=revision,
-               parent={"revision": revision - 1, "digest": blake3.blake3(parent).hexdigest()})
+    new.update(
+        revision=revision,
+        parent={"revision": revision - 1, "digest": blake3.blake3(parent).hexdigest()},
+    )
     return new  # fmt: skip
 
 

@@ -91,6 +91,13 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def _part_line(part: dict[str, Any] | None) -> list[str]:
+    if part is None:
+        return []
+    return [f"part {part['index']} of {part['count']} of the link {part['base']} -> "
+            f"{part['target']}"]  # fmt: skip
+
+
 def _format_summary(s: DeltaSummary) -> str:
     lines = [
         f"wdelta v{s.version}  generator {s.generator}  chunk {s.chunk_elements} elements",
@@ -99,6 +106,7 @@ def _format_summary(s: DeltaSummary) -> str:
         f"reversible {s.reversible}   ops {json.dumps(s.ops)}   "
         f"features {' '.join(s.required_features) or 'none'}",
         f"file {s.file_bytes} bytes for a {s.target_bytes}-byte target: ratio {s.ratio:.4%}",
+        *_part_line(s.part),
         "",
         f"{'tensor':40} {'op':9} {'dtype':8} {'density':>9} {'raw':>12} {'stored':>11} "
         "encodings / transforms",

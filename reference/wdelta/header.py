@@ -117,6 +117,13 @@ class Header:
         features = self.raw.get("required_features")
         return isinstance(features, list) and coded_values.FEATURE in features
 
+    @property
+    def part(self) -> tuple[int, int, str, str] | None:
+        """(index, count, whole base digest, whole target digest) of a delta that is
+        one part of a multi-part link (SPEC §4.13), or None."""
+        p = self.raw.get("part")
+        return None if p is None else (p["index"], p["count"], p["base"], p["target"])
+
     def side_tensors(self, side: str) -> list[TensorEntry]:
         """Tensors present in the base (``"base"``) or target (``"target"``)."""
         absent = "added" if side == "base" else "removed"
@@ -180,6 +187,9 @@ def _parse_header(data: bytes, data_length: int) -> Header:
         chunk_elements, reversible, parse_side_layout(raw["base"], "base", layouts),
         parse_side_layout(raw["target"], "target", layouts), tensors, raw, compact_form,
     )  # fmt: skip
+    part = raw.get("part")
+    if part is not None and part["index"] >= part["count"]:
+        raise HeaderInvalidError(f"part index {part['index']} is not below its count")
     for side, layout in (("base", header.base), ("target", header.target)):
         entries = header.side_tensors(side)
         layout.check_tensors({t.name: (t.dtype, t.shape) for t in entries})

@@ -27,6 +27,9 @@ class TensorSummary:
     transforms: dict[str, int]
 
 
+_PART = ("index", "count", "base", "target")
+
+
 @dataclass(frozen=True)
 class DeltaSummary:
     """Whole-delta figures; ``ratio`` is stored bytes / target checkpoint bytes."""
@@ -45,6 +48,8 @@ class DeltaSummary:
     tensors: list[TensorSummary]
     # The header's required features (SPEC §14): what a reader must implement.
     required_features: list[str] = field(default_factory=list)
+    # A part of a multi-part chain link (SPEC §4.13): index, count, the link's digests.
+    part: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,4 +83,5 @@ def summarize(delta: DeltaFile) -> DeltaSummary:
         sum(t.stored_bytes for t in tensors), file_bytes / target_bytes if target_bytes else 0.0,
         dict(Counter(t.op for t in h.tensors)), tensors,
         [str(f) for f in h.raw.get("required_features") or []],
+        None if h.part is None else dict(zip(_PART, h.part, strict=True)),
     )  # fmt: skip

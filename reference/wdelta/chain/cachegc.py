@@ -115,7 +115,8 @@ def pin(cache: Path, digests: Iterable[str]) -> Iterator[None]:
 
 def named(m: Manifest) -> set[str]:
     """Digests of every file the manifest names (delta BLAKE3s, snapshot SHA-256s)."""
-    return {k.digest for k in m.links} | {f.sha256 for s in m.snapshots for f in s.files}
+    links = {f.digest for k in m.links for f in k.files}
+    return links | {f.sha256 for s in m.snapshots for f in s.files}
 
 
 def gc(cache: Path, head: Manifest | None, max_bytes: int | None = None) -> GcResult:

@@ -137,6 +137,9 @@ def squash(
     if any(k.source == src.number and k.target == dst.number for k in m.links):
         raise ConflictError(f"a link {src.number}->{dst.number} already exists")
     links = _forward_links(m, src.number, dst.number)
+    if any(k.parts for k in links):
+        raise BadArgumentError("squashing multi-part links is not supported; pull the target "
+                               "version and append it as one delta instead")  # fmt: skip
     with temp_dir(chain.scratch(), "squash") as tmp:
         out = Path(tmp) / "squashed.wdelta"
         with contextlib.ExitStack() as stack:

@@ -55,7 +55,7 @@ def unreachable(m: Manifest) -> list[int]:
 def hop_cost(hop: Hop, cached: Callable[[str], bool]) -> int:
     """Bytes to download for ``hop``; files whose digest is in the cache are free."""
     if hop.link is not None:
-        return 0 if cached(hop.link.digest) else hop.link.size
+        return sum(f.size for f in hop.link.files if not cached(f.digest))
     assert hop.snapshot is not None
     return sum(f.size for f in hop.snapshot.files if not cached(f.sha256))
 

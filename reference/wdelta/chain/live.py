@@ -54,7 +54,7 @@ from ..inplace import apply_inplace, apply_opened, apply_unchecked
 from ..output_file import pwrite_all
 from ..pipeline import ordered_map, runs_locally
 from ..tensors import Select, Slot
-from . import graph
+from . import graph, parts
 from .acceptance import Tracker
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import fetch_link
@@ -347,7 +347,7 @@ def _advance(
     if any(v.number == current for v in m.versions):
         plan = graph.cheapest_path(
             m, [current], m.head.number, chain.is_cached,
-            allow=lambda h: h.link is not None,
+            allow=lambda h: h.link is not None and (h.link.reversible or not h.link.parts),
         )  # fmt: skip
     if plan is None:
         yield _jump(chain, m, weights, current, tensors, threads)
@@ -386,6 +386,10 @@ def _apply_link(
 ) -> None:  # fmt: skip
     """Apply one link in place: from the cache or a whole download, or, for a partial
     mapping and a link not cached, from ranged reads of its header and selected blobs."""
+    if link.parts:
+        keep = live.selector(tensors)
+        parts.apply_in_memory(chain, m, link, weights, reverse, keep, tensors is not None, threads)
+        return
     if tensors is None or chain.is_cached(link.digest):
         delta = fetch_link(chain, m, link)
         apply_inplace(weights, delta, reverse, threads=threads, tensors=tensors)

@@ -35,7 +35,9 @@ from .smallfile import open_regular, read_bounded
 
 FORMAT = "wdelta-chain"
 MANIFEST_VERSION = CHAIN_MANIFEST_VERSION
-KNOWN_FEATURES: frozenset[str] = frozenset()
+# A manifest with a link of several delta files lists this feature (SPEC §17.12).
+MULTI_PART = "multi-part-links"
+KNOWN_FEATURES: frozenset[str] = frozenset({MULTI_PART})
 MANIFEST_PREFIX = "manifests/"
 MAX_MANIFEST = 100_000_000  # bytes of one revision (SPEC.md §13), as a delta header
 _REV_DIGITS = 12
@@ -82,18 +84,48 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class LinkPart:
+    """One delta file of a link: BLAKE3 ``digest`` of its bytes and ``size``."""
+
+    digest: str
+    size: int
+
+    @property
+    def key(self) -> str:
+        return delta_key(self.digest)
+
+
+@dataclass(frozen=True)
 class Link:
-    """A delta file from version ``source`` to ``target``; ``digest`` is BLAKE3 of the file."""
+    """The delta from version ``source`` to ``target``: one file (``digest``, BLAKE3 of
+    it, and ``size``) or, with ``parts``, several files each holding some of the
+    tensors (SPEC §17.12); ``digest`` is then BLAKE3 of the parts' raw digests (an
+    identity for caches and plans, no file) and ``size`` their total."""
 
     source: int
     target: int
     digest: str
     size: int
     reversible: bool
+    parts: tuple[LinkPart, ...] = ()
 
     @property
     def key(self) -> str:
+        assert not self.parts, "a multi-part link has one key per part"
         return delta_key(self.digest)
+
+    @property
+    def files(self) -> tuple[LinkPart, ...]:
+        """The link's delta files: its parts, or the one file."""
+        return self.parts or (LinkPart(self.digest, self.size),)
+
+
+def multi_part_link(
+    source: int, target: int, parts: tuple[LinkPart, ...], reversible: bool
+) -> Link:
+    """A link of several delta files (at least two, SPEC §17.12)."""
+    ident = digest_bytes(b"".join(bytes.fromhex(p.digest) for p in parts))
+    return Link(source, target, ident, sum(p.size for p in parts), reversible, parts)
 
 
 def delta_key(digest: str) -> str:
@@ -165,8 +197,9 @@ class Manifest:
         parent = (
             None if self.parent is None else {"revision": self.parent[0], "digest": self.parent[1]}
         )
+        features = [MULTI_PART] if any(k.parts for k in self.links) else []
         doc: dict[str, Any] = {
-            "format": FORMAT, "version": MANIFEST_VERSION, "required_features": [],
+            "format": FORMAT, "version": MANIFEST_VERSION, "required_features": features,
             "generator": f"wdelta-py/{__version__}", "revision": self.revision, "parent": parent,
         }  # fmt: skip
         if self.updated is not None:
@@ -176,11 +209,7 @@ class Manifest:
             {"version": s.version, "files": [vars(f).copy() for f in s.files]}
             for s in self.snapshots
         ]  # fmt: skip
-        doc["links"] = [
-            {"from": k.source, "to": k.target, "digest": k.digest, "size": k.size,
-             "reversible": k.reversible}
-            for k in self.links
-        ]  # fmt: skip
+        doc["links"] = [_link_json(k) for k in self.links]
         return doc
 
     def to_bytes(self) -> bytes:
@@ -194,6 +223,21 @@ def _matches(v: Version, ref: str) -> bool:
     if len(ref) < _MIN_PREFIX:
         return ref.isdigit() and v.number == int(ref)
     return v.digest.startswith(ref.lower())
+
+
+def _link_json(k: Link) -> dict[str, Any]:
+    if not k.parts:
+        return {"from": k.source, "to": k.target, "digest": k.digest, "size": k.size,
+                "reversible": k.reversible}  # fmt: skip
+    parts = [{"digest": p.digest, "size": p.size} for p in k.parts]
+    return {"from": k.source, "to": k.target, "parts": parts, "reversible": k.reversible}
+
+
+def _parse_link(k: dict[str, Any]) -> Link:
+    if "parts" not in k:
+        return Link(k["from"], k["to"], k["digest"], k["size"], k["reversible"])
+    parts = tuple(LinkPart(p["digest"], p["size"]) for p in k["parts"])
+    return multi_part_link(k["from"], k["to"], parts, k["reversible"])
 
 
 def _version_json(v: Version) -> dict[str, Any]:
@@ -251,8 +295,7 @@ def parse_manifest(data: bytes, *, expected_revision: int | None = None) -> Mani
                       dict(v.get("metadata", {}))) for v in raw["versions"]),
         tuple(Snapshot(s["version"], tuple(SnapshotFile(f["name"], f["sha256"], f["size"])
                                            for f in s["files"])) for s in raw["snapshots"]),
-        tuple(Link(k["from"], k["to"], k["digest"], k["size"], k["reversible"])
-              for k in raw["links"]),
+        tuple(_parse_link(k) for k in raw["links"]),
         raw.get("updated"),
     )  # fmt: skip
     if expected_revision is not None and m.revision != expected_revision:
@@ -260,6 +303,8 @@ def parse_manifest(data: bytes, *, expected_revision: int | None = None) -> Mani
             f"file of revision {expected_revision} holds revision {m.revision}"
         )
     _check_parent(m)
+    if any(k.parts for k in m.links) and MULTI_PART not in raw["required_features"]:
+        raise ManifestInvalidError(f"a link has parts but required_features lacks {MULTI_PART!r}")
     _check_versions(m.versions)
     _check_snapshots(m)
     _check_links(m)
@@ -320,6 +365,8 @@ def _check_links(m: Manifest) -> None:
         if (k.source, k.target) in pairs:
             raise ManifestInvalidError(f"two links {k.source}->{k.target}")
         pairs.add((k.source, k.target))
+        if len({p.digest for p in k.parts}) != len(k.parts):
+            raise ManifestInvalidError(f"link {k.source}->{k.target} lists a part twice")
     keys = [(k.target, k.source) for k in m.links]
     if keys != sorted(keys):
         raise ManifestInvalidError("links must be sorted by (to, from)")

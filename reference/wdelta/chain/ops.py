@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,22 +17,27 @@ from ..atomic import temp_dir
 from ..container import open_delta
 from ..digest import digest_bytes, file_sha256
 from ..errors import BadArgumentError, BaseMismatchError
+from . import parts
 from .errors import ChainBrokenError, ConflictError, ManifestInvalidError
 from .fetch import fetch_link, materialize_snapshot
 from .local import checkpoint_files, digest_of_path
 from .manifest import (
     MAX_MANIFEST,
     Link,
+    LinkPart,
     Manifest,
     Snapshot,
     SnapshotFile,
     Version,
     delta_key,
+    multi_part_link,
     new_manifest,
     parse_manifest,
     revision_key,
     utc_now,
 )
+from .partial import read_remote_header
+from .parts import check_part_set
 from .storage.base import Progress
 from .store import Chain, as_chain, file_digest
 
@@ -131,6 +138,16 @@ def append_delta(
     digest, size = file_digest(delta, "blake3"), delta.stat().st_size
     chain.upload(delta_key(digest), delta, digest, "blake3", progress)
     snap = upload_snapshot(chain, 0, snapshot, progress) if snapshot is not None else None
+    link_of = partial(Link, digest=digest, size=size, reversible=reversible)
+    return chain.publish(_appending(src, dst, step, metadata, link_of, snap))
+
+
+def _appending(
+    src: str, dst: str, step: int | None, metadata: Mapping[str, str] | None,
+    link_of: Callable[..., Link], snap: Snapshot | None,
+) -> Callable[[Manifest], Manifest]:  # fmt: skip
+    """The update appending version ``dst`` linked from version ``src`` by
+    ``link_of(source=, target=)``, with the files of ``snap`` as its snapshot."""
 
     def update(cur: Manifest) -> Manifest:
         source = cur.by_digest(src)
@@ -141,12 +158,43 @@ def append_delta(
         if step is not None and steps and steps[-1] >= step:
             raise ConflictError(f"step {step} is not after the head's step {steps[-1]}")
         version = Version(number, dst, step, utc_now(), dict(metadata or {}))
-        link = Link(source.number, number, digest, size, reversible)
+        link = link_of(source=source.number, target=number)
         snaps = cur.snapshots + ((Snapshot(number, snap.files),) if snap else ())
         return cur.successor(versions=(*cur.versions, version), links=(*cur.links, link),
                              snapshots=snaps)  # fmt: skip
 
-    return chain.publish(update)
+    return update
+
+
+# Parts' headers read back at once by a multi-part publish: one ranged read each.
+HEADER_READERS = 32
+
+
+def append_parts(
+    chain: Chain | PathLike, files: Sequence[LinkPart], *, step: int | None = None,
+    metadata: Mapping[str, str] | None = None, snapshot: Snapshot | None = None,
+) -> Manifest:  # fmt: skip
+    """Publish the next version as a multi-part link (SPEC §17.12) whose parts ``files``
+    (in part order) are already stored and verified (WR-1); their headers are read
+    back and checked as a set before the revision is created, so a link that a reader
+    would refuse is never published.  ``snapshot``: the new version's files, already
+    stored (its version number is set on publishing)."""
+    _check_version_fields(step, metadata)
+    chain = as_chain(chain)
+    if len(files) < 2:
+        raise BadArgumentError("a multi-part link has at least two parts")
+    with ThreadPoolExecutor(min(len(files), HEADER_READERS)) as pool:  # latency-bound
+        headers = list(pool.map(lambda f: read_remote_header(chain.storage, f)[0], files))
+    first = headers[0].part
+    if first is None:
+        raise ChainBrokenError(f"delta {files[0].digest[:16]} is not a part of a link")
+    src, dst = first[2], first[3]
+    reversible = all(h.reversible for h in headers)
+    check_part_set(headers, (src, dst), reversible, "the new link")
+    if chain.head().by_digest(src) is None:
+        raise BaseMismatchError("the base of the parts is not a version of the chain")
+    link_of = partial(multi_part_link, parts=tuple(files), reversible=reversible)
+    return chain.publish(_appending(src, dst, step, metadata, link_of, snapshot))
 
 
 def log_rows(m: Manifest) -> list[dict[str, Any]]:
@@ -185,7 +233,8 @@ def verify(
             raise ManifestInvalidError(f"revision {r}: parent digest differs from {r - 1}")
         previous = (r, data)
     for link in m.links:
-        api.verify(fetch_link(chain, m, link, progress))
+        for path in parts.link_files(chain, m, link, progress):
+            api.verify(path)
     with temp_dir(chain.scratch(), "verify") as tmp:
         for snap in m.snapshots:
             materialize_snapshot(chain, m, snap, Path(tmp) / f"v{snap.version}", progress)
@@ -198,7 +247,8 @@ def check_files(chain: Chain, m: Manifest) -> None:
     """Every file ``m`` lists: stored (RD-3 not-found), digest and size (checksum-mismatch),
     delta headers and snapshot checkpoints against their versions (RD-2 chain-broken)."""
     for link in m.links:
-        api.verify(fetch_link(chain, m, link))
+        for path in parts.link_files(chain, m, link):
+            api.verify(path)
     with tempfile.TemporaryDirectory(prefix="wdelta-check-", dir=chain.scratch()) as tmp:
         for snap in m.snapshots:
             materialize_snapshot(chain, m, snap, Path(tmp) / f"v{snap.version}")
@@ -215,11 +265,15 @@ def _verify_deep(chain: Chain, m: Manifest, tmp: Path) -> None:
             )
         for k in ready:
             pending.remove(k)
-            delta = fetch_link(chain, m, k)
             forward = k.source in built
             src, dst = (k.source, k.target) if forward else (k.target, k.source)
             out = tmp / f"v{dst}.{k.source}-{k.target}"
-            api.apply(built[src], delta, out, reverse=not forward)
+            if k.parts:
+                sources = parts.fetch_sources(chain, m, k, None, None)
+                parts.apply_to_file(sources, not forward, built[src], None,
+                                    m.version(dst).digest, out)  # fmt: skip
+            else:
+                api.apply(built[src], fetch_link(chain, m, k), out, reverse=not forward)
             if dst in built:
                 shutil.rmtree(out) if out.is_dir() else out.unlink()
             else:

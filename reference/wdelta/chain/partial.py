@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import blake3
 
@@ -49,8 +50,17 @@ def matches(name: str, pattern: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p.strip()) for p in pattern.split(","))
 
 
+class StoredDelta(Protocol):
+    """A stored delta file as a manifest lists it: a link, or one part of a link."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+
+
 def read_remote_header(
-    storage: Storage, link: Link, progress: Progress | None = None
+    storage: Storage, link: StoredDelta, progress: Progress | None = None
 ) -> tuple[Header, int]:
     """The validated header of a stored delta and its data section's offset."""
     about_file = (DeltaFormatError, LimitExceededError, UnsupportedFeatureError,

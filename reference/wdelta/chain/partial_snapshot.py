@@ -4,7 +4,8 @@ A snapshot file's SHA-256 covers the whole file, so it cannot check a few
 tensors read out of it.  What can is the version's checkpoint digest (SPEC
 §9.4): it is computed from every tensor's name, dtype, shape and digest, and
 the header of any delta that starts or ends at the version lists exactly
-those.  So: read such a header (ranged reads; header digest checked), accept
+those (for a multi-part link, the headers of its parts together, SPEC
+§17.12).  So: read such a header (ranged reads; header digest checked), accept
 its tensor list only if it hashes to the manifest's version digest, then read
 each snapshot file's safetensors header and the matching tensors' byte ranges,
 and check every tensor's BLAKE3 against the accepted digest before the
@@ -24,12 +25,14 @@ from ..checkpoint.safetensors_header import TensorLayout as Layout
 from ..decoder import init_file
 from ..digest import TensorIdentity, checkpoint_digest, new_hasher
 from ..errors import ChecksumMismatchError, DeltaFormatError
+from ..header import Header
 from ..output_file import pwrite_all
 from .errors import ChainBrokenError
 from .fetch import check_link_header
 from .local import TENSORS_KEY, VERSION_KEY
-from .manifest import Manifest, Snapshot
+from .manifest import Link, Manifest, Snapshot
 from .partial import RANGE_WINDOW, matches, read_remote_header
+from .parts import check_parts
 from .storage.base import Progress, Storage
 
 
@@ -44,21 +47,28 @@ def proven_tensors(
     links = sorted((k for k in m.links if version in (k.source, k.target)), key=lambda k: k.size)
     for link in links:
         try:
-            header, _ = read_remote_header(storage, link, progress)
-            check_link_header(m, link, header)
+            headers = _link_headers(storage, m, link, progress)
         except (DeltaFormatError, ChainBrokenError):
             continue  # a damaged delta proves nothing; the pull that applies it reports it
         side = "target" if link.target == version else "base"
-        ids = {}
-        for t in header.side_tensors(side):
-            digest = t.target_digest if side == "target" else t.base_digest
-            if digest is None:
-                break
-            ids[t.name] = TensorIdentity(t.name, t.dtype.name, t.shape, digest)
-        else:
-            if checkpoint_digest(ids.values()) == m.version(version).digest:
-                return ids
+        ids = {i.name: i for h in headers for i in (t.identity(side) for t in h.side_tensors(side))}
+        if checkpoint_digest(ids.values()) == m.version(version).digest:
+            return ids
     return None
+
+
+def _link_headers(
+    storage: Storage, m: Manifest, link: Link, progress: Progress | None
+) -> list[Header]:
+    """The checked header of a link, or of each of its parts (MP-4: together they list
+    the version's tensors)."""
+    if not link.parts:
+        header, _ = read_remote_header(storage, link, progress)
+        check_link_header(m, link, header)
+        return [header]
+    headers = [read_remote_header(storage, p, progress)[0] for p in link.parts]
+    check_parts(m, link, headers)
+    return headers
 
 
 def _remote_layout(

@@ -74,7 +74,8 @@ def _pruned(cur: Manifest, policy: Policy) -> Manifest:
 
 def _doomed(chain: Chain, new: Manifest, revisions: list[int], policy: Policy) -> list[str]:
     """Keys to delete once ``new`` exists: unreferenced files, revisions past the newest few."""
-    referenced = {k.key for k in new.links} | {f.key for s in new.snapshots for f in s.files}
+    referenced = {f.key for k in new.links for f in k.files}
+    referenced |= {f.key for s in new.snapshots for f in s.files}
     doomed = [
         obj.key
         for prefix in ("deltas/", "snapshots/")

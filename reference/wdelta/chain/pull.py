@@ -35,7 +35,7 @@ from ..arguments import PathLike, as_path, check_optional_int, check_seconds
 from ..atomic import temp_name
 from ..destination import check_kind, overlaps
 from ..errors import BadArgumentError, DeltaFormatError, WdeltaError
-from . import acceptance, cachegc, graph, partial
+from . import acceptance, cachegc, graph, partial, parts
 from .backoff import Backoff
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import check_link_header, fetch_link, materialize_snapshot
@@ -148,6 +148,12 @@ class _Puller:
                 _discard(full)
             return out
         assert hop.link is not None and current is not None
+        if hop.link.parts:
+            sources = parts.fetch_sources(self.chain, self.m, hop.link, self.tensors, self.count)
+            digest = self.m.version(hop.version).digest
+            parts.apply_to_file(sources, hop.reverse, current, self.tensors, digest, out,
+                                self.count)  # fmt: skip
+            return out
         if self.tensors is None:
             delta = fetch_link(self.chain, self.m, hop.link, self.count)
             api.apply(
@@ -194,7 +200,7 @@ def _is_version(path: Path, v: Version) -> bool:
 def hop_files(hop: graph.Hop) -> set[str]:
     """Digests of the files ``hop`` downloads (a link's delta, a snapshot's files)."""
     if hop.link is not None:
-        return {hop.link.digest}
+        return {f.digest for f in hop.link.files}
     assert hop.snapshot is not None
     return {f.sha256 for f in hop.snapshot.files}
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from ..header import Chunk, Header
 from .fetch import check_link_header
-from .manifest import Link, Manifest
-from .partial import Blobs, read_remote_header
+from .manifest import Link, LinkPart, Manifest
+from .partial import Blobs, StoredDelta, read_remote_header
 from .storage.base import Progress, Storage
 
 
@@ -30,12 +30,18 @@ class RemoteDelta:
         self, storage: Storage, m: Manifest, link: Link, keep: Callable[[str], bool],
         progress: Progress | None = None,
     ) -> None:  # fmt: skip
-        header, data_start = read_remote_header(storage, link, progress)
-        check_link_header(m, link, header)
+        self._open(storage, link, keep, progress)
+        check_link_header(m, link, self.header)
+
+    def _open(
+        self, storage: Storage, stored: StoredDelta, keep: Callable[[str], bool],
+        progress: Progress | None,
+    ) -> None:  # fmt: skip
+        header, data_start = read_remote_header(storage, stored, progress)
         self.header: Header = header
         chunks = [c for t in header.tensors if keep(t.name) for c in t.chunks if c.in_data]
         chunks.sort(key=lambda c: c.offset)
-        self._blobs = Blobs(storage, link.key, data_start, chunks, progress)
+        self._blobs = Blobs(storage, stored.key, data_start, chunks, progress)
         self._lock = threading.Lock()
 
     def payload(self, chunk: Chunk) -> bytes:
@@ -45,3 +51,14 @@ class RemoteDelta:
         with self._lock:  # one window for all threads; checks and decompression run outside
             blob = self._blobs.raw(chunk)
         return self._blobs.check(chunk, blob)
+
+
+class PartDelta(RemoteDelta):
+    """One part of a multi-part link read by ranges; the caller checks the set of parts
+    against the link (``parts.check_parts``)."""
+
+    def __init__(
+        self, storage: Storage, part: LinkPart, keep: Callable[[str], bool],
+        progress: Progress | None = None,
+    ) -> None:  # fmt: skip
+        self._open(storage, part, keep, progress)

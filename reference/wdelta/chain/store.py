@@ -242,8 +242,9 @@ class Chain:
 
     def _check_files(self, old: Manifest, new: Manifest) -> None:
         """Every file ``new`` adds must already be stored with its recorded size."""
-        known = {k.key for k in old.links} | {f.key for s in old.snapshots for f in s.files}
-        wanted = [(k.key, k.size) for k in new.links]
+        known = {f.key for k in old.links for f in k.files}
+        known |= {f.key for s in old.snapshots for f in s.files}
+        wanted = [(f.key, f.size) for k in new.links for f in k.files]
         wanted += [(f.key, f.size) for s in new.snapshots for f in s.files]
         for key, size in wanted:
             if key in known:

@@ -1,0 +1,131 @@
+"""A node's ranks following a chain together: all ranks at one version, or none moved.
+
+Each rank of a process group (the tensor-parallel ranks of an inference node)
+keeps its own tensors in memory.  At each poll rank 0 reads the head revision
+and names it to the others; every rank reads that same revision and applies
+the links from the node's version to its head, to its tensors only (ranged
+reads of its blobs, every part's header for a multi-part link).  The ranks
+then compare outcomes: if every rank reached the head, the version is
+yielded on every rank; if any rank failed, every rank that moved applies the
+links it applied backwards, so the node stays at its version, and the poll
+is reported and retried.  Links the plan uses must be reversible for that
+(the reference writes reversible links); a plan through a link that is not
+is refused before anything is applied.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
+
+from ..arguments import check_mapping, check_optional_int, check_seconds
+from ..errors import BadArgumentError, WdeltaError
+from . import graph
+from .collective import Group, Outcome
+from .errors import ChainBrokenError
+from .live import _apply_link
+from .manifest import Manifest, Version
+from .store import Chain, as_chain
+
+
+def follow_in_group(
+    chain: Chain, weights: MutableMapping[str, Any], *, at: int, group: Any = None,
+    tensors: str | Callable[[str], bool] | None = None, interval: float = 10.0,
+    max_polls: int | None = None, backoff: tuple[float, float] = (1.0, 60.0),
+    on_error: Callable[[WdeltaError, int], None] | None = None, threads: int = 2,
+) -> Iterator[Version]:  # fmt: skip
+    """Keep every rank's ``weights`` (its ``tensors``) at one version of the chain's head;
+    yields each version the whole group reached (collective: every rank of ``group``
+    iterates it).  ``at`` is the number of the version the weights are at, the same on
+    every rank.  A failed poll (on any rank) leaves every rank at its version and is
+    passed to ``on_error(error, failures in a row)`` on every rank, then retried after
+    ``backoff[0] * 2**(failures-1)`` seconds, at most ``backoff[1]``; without
+    ``on_error`` the error is raised.  The chain needs a cache folder.
+    """
+    chain = as_chain(chain)
+    check_mapping(weights, "weights", mutable=True)
+    check_optional_int(at, "at", 0)
+    interval = check_seconds(interval, "interval") or 0.0
+    check_optional_int(max_polls, "max_polls", 1)
+    if chain.cache is None:
+        raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
+    ranks = Group(group, "following", "every rank kept its version")
+    current, failures, polls = at, 0, 0
+    while max_polls is None or polls < max_polls:
+        polls += 1
+        try:
+            reached = _poll(chain, ranks, weights, current, tensors, threads)
+        except WdeltaError as exc:
+            failures += 1
+            if on_error is None:
+                raise
+            on_error(exc, failures)
+            time.sleep(min(backoff[0] * 2 ** (failures - 1), backoff[1]))
+            continue
+        failures = 0
+        if reached is not None:
+            current = reached.number
+            yield reached
+        if max_polls is None or polls < max_polls:
+            time.sleep(interval)
+
+
+def _head_revision(chain: Chain) -> Outcome:
+    try:
+        return Outcome(value=chain.read_head()[0].revision)
+    except WdeltaError as exc:
+        return Outcome.failed(exc)
+
+
+def _poll(
+    chain: Chain, ranks: Group, weights: MutableMapping[str, Any], current: int,
+    tensors: str | Callable[[str], bool] | None, threads: int,
+) -> Version | None:  # fmt: skip
+    """One poll: the head revision rank 0 names, applied on every rank or on none."""
+    revision = ranks.from_rank0(_head_revision(chain) if ranks.rank == 0 else None)
+    applied: list[graph.Hop] = []
+    mine = Outcome()
+    try:
+        m = chain.manifest(revision)
+        hops = _plan(m, current)
+        for hop in hops:
+            assert hop.link is not None
+            _apply_link(chain, m, hop.link, weights, hop.reverse, tensors, threads)
+            applied.append(hop)
+        mine.value = m.head.number if hops else None
+    except WdeltaError as exc:
+        mine = Outcome.failed(exc)
+    try:
+        reached = ranks.agree(mine)
+    except WdeltaError:
+        _undo(chain, m if applied else None, applied, weights, tensors, threads)
+        raise
+    return m.version(reached[0]) if reached[0] is not None else None
+
+
+def _plan(m: Manifest, current: int) -> list[graph.Hop]:
+    """The links from ``current`` to the head, each reversible (so it can be undone)."""
+    if current == m.head.number:
+        return []
+    if not any(v.number == current for v in m.versions):
+        raise ChainBrokenError(f"version {current} is no longer in the chain (pruned)")
+    plan = graph.cheapest_path(
+        m, [current], m.head.number, lambda d: False,
+        allow=lambda h: h.link is not None and h.link.reversible,
+    )  # fmt: skip
+    if plan is None:
+        raise ChainBrokenError(
+            f"no reversible links lead from version {current} to the head {m.head.number}"
+        )
+    return plan[1]
+
+
+def _undo(
+    chain: Chain, m: Manifest | None, applied: list[graph.Hop], weights: MutableMapping[str, Any],
+    tensors: str | Callable[[str], bool] | None, threads: int,
+) -> None:  # fmt: skip
+    """Apply ``applied`` backwards, newest first: this rank back at its version."""
+    for hop in reversed(applied):
+        assert m is not None and hop.link is not None
+        _apply_link(chain, m, hop.link, weights, not hop.reverse, tensors, threads)
