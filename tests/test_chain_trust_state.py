@@ -39,7 +39,7 @@ def test_a_node_that_accepted_signatures_keeps_requiring_them(tmp_path: Path) ->
     with pytest.raises(WdeltaError) as info:  # the operator forgot --trust
         chain.pull(chain.Chain(s.store, tmp_path / "ncache"), s.node)
     assert info.value.category == "signature-invalid"
-    assert str(state) in str(info.value) and "--allow-unsigned" in str(info.value)
+    assert str(state) in str(info.value) and "allow_unsigned=True" in str(info.value)
     assert s.node.read_bytes() == before and acceptance.load(state) == record
     with pytest.raises(WdeltaError) as info:  # a deliberate rollback is not a downgrade
         chain.pull(chain.Chain(s.store, tmp_path / "ncache"), s.node, accept_rollback=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 API_TO_FLAG = {
     "overwrite=True": "--force",
     "accept_rollback=True": "--accept-rollback",
+    "allow_unsigned=True": "--allow-unsigned",
     "compact=True": "without --compat",
     "chunk_elements=N": "--chunk-elements N",
     "trust=ROOT": "--trust ROOT",

@@ -229,9 +229,8 @@ def check_state(
 def _unsigned_refusal(where: str, revision: int, record: TrustRecord) -> str:
     return (
         f"{where} records revision {revision} accepted with signatures (trust root "
-        f"version {record.root} of chain {record.chain!r}): read with --trust ROOT "
-        "(trust=), or with --allow-unsigned (allow_unsigned=True) to stop requiring "
-        "signatures"
+        f"version {record.root} of chain {record.chain!r}): read with trust=ROOT, or "
+        "with allow_unsigned=True to stop requiring signatures"
     )
 
 

@@ -466,7 +466,7 @@ class Trust:
         their number or expiry: the threshold and freshness are the caller's."""
         want = revision_payload(self.root.chain, revision, data, "")
         valid: dict[str, int] = {}
-        for keyid in sorted(self.root.revisions.keyids):
+        for keyid in sorted(role_keys(self.root, self.root.revisions)):
             stored = _read_small(storage, signature_key(want["manifest"], keyid))
             sig = None if stored is None else parse_revision_signature(stored)
             expiry = signature_expiry(self.root, keyid, sig, want)
