@@ -14,7 +14,13 @@ from wdelta import chain, schemas
 from wdelta.chain.errors import ChainBrokenError, ManifestInvalidError
 from wdelta.chain.live import weights_digest
 from wdelta.chain.local import digest_of_path
-from wdelta.chain.manifest import LinkPart, delta_key, parse_manifest, revision_key
+from wdelta.chain.manifest import (
+    MAX_MANIFEST,
+    LinkPart,
+    delta_key,
+    parse_manifest,
+    revision_key,
+)
 from wdelta.chain.ops import append_parts, check_files
 from wdelta.chain.parts import mark_part
 from wdelta.chain.store import file_digest
@@ -181,7 +187,7 @@ def test_sets_that_are_not_the_link(tmp_path: Path) -> None:
 
 def test_manifest_rules(tmp_path: Path) -> None:
     c, _ = published(tmp_path, steps=1)
-    doc = json.loads(c.storage.read(revision_key(2)))
+    doc = json.loads(c.storage.read(revision_key(2), MAX_MANIFEST))
     plain = dict(doc, required_features=[])
     with pytest.raises(ManifestInvalidError, match="multi-part-links"):
         parse_manifest(json.dumps(plain).encode())
