@@ -8,8 +8,10 @@ lost.  Readers take the highest revision and refuse one lower than a revision
 they have already seen.
 
 Downloads land in ``<cache>/partial/`` (kept across interruptions and
-continued with ranged reads), are checked against the manifest's digest and
-only then moved to ``<cache>/objects/<digest>``: a cached file is verified.
+continued with ranged reads; objects of at least ``storage.transfer.threshold``
+bytes with concurrent ranged reads, ``transfer.download_ranges``), are
+checked against the manifest's digest and only then moved to
+``<cache>/objects/<digest>``: a cached file is verified.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, r
 from .signing import SigningKey
 from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
+from .storage.transfer import download_ranges
 from .trust import Trust, as_trust, format_time, root_key
 
 PUBLISH_ATTEMPTS = 50
@@ -223,7 +226,10 @@ class Chain:
         for sub in ("partial", "objects"):
             (self.cache / sub).mkdir(parents=True, exist_ok=True)
         part = self.cache / "partial" / f"{digest}.part"
-        download(self.storage, key, part, size, progress)
+        if size >= self.storage.transfer.threshold:
+            download_ranges(self.storage, key, part, size, progress, self.storage.transfer)
+        else:
+            download(self.storage, key, part, size, progress)
         if file_digest(part, algorithm) != digest:
             part.unlink()
             raise ChecksumMismatchError(f"{key}: downloaded bytes do not match the manifest digest")

@@ -22,6 +22,7 @@ from ...errors import (
     StorageError,
     UnsupportedFeatureError,
 )
+from .transfer import Transfer
 
 Progress = Callable[[int], None]
 STREAM_BLOCK = 1 << 20
@@ -56,6 +57,9 @@ class Storage(abc.ABC):
     """A flat key -> bytes store rooted at one URL."""
 
     url: str
+    # Large-object settings: multipart uploads (where the backend has them) and
+    # concurrent ranged downloads (``transfer.download_ranges``).
+    transfer: Transfer = Transfer()
 
     @abc.abstractmethod
     def stat(self, key: str) -> ObjectInfo | None:

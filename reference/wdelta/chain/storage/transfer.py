@@ -1,0 +1,95 @@
+"""Large objects: how they are uploaded in parts and downloaded with concurrent ranged reads.
+
+``Transfer`` holds the settings of one storage (``Storage.transfer``).  An
+object of at least ``threshold`` bytes is uploaded in parts of ``chunk``
+bytes, ``concurrency`` at a time, where the backend can (S3 multipart through
+boto3's transfer manager), and downloaded by :func:`download_ranges`:
+``chunk``-byte ranged reads, ``concurrency`` in flight, built on
+``Storage.read_range`` alone so it works on every backend.
+
+The ranges are written to the partial file in order, so the file is always a
+prefix of the object, the same invariant as a streamed download: an
+interrupted download resumes from its length with either method, and at most
+``concurrency + 1`` ranges are held in memory at once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...errors import BadArgumentError, ChecksumMismatchError, StorageError
+from ...pipeline import ordered_map
+from ..backoff import Backoff
+
+if TYPE_CHECKING:
+    from .base import Progress, Storage
+
+_RETRY = Backoff(base=0.2, cap=2.0)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Large-object settings: ``threshold`` and ``chunk`` in bytes, ``concurrency`` requests
+    in flight, ``attempts`` per ranged read (transport errors only, with backoff)."""
+
+    threshold: int = 64 << 20
+    chunk: int = 16 << 20
+    concurrency: int = 8
+    attempts: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("threshold", "chunk", "concurrency", "attempts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadArgumentError(f"Transfer.{name} must be an int >= 1, not {value!r}")
+
+
+def _read_with_retries(storage: Storage, key: str, start: int, length: int, attempts: int) -> bytes:
+    """``storage.read_range``, retried after a transport error (io-error) ``attempts`` times
+    in all; a missing object or a short one is not retried."""
+    for failure in range(1, attempts + 1):
+        try:
+            return storage.read_range(key, start, length)
+        except StorageError:
+            if failure == attempts:
+                raise
+            time.sleep(_RETRY.delay(failure))
+    raise AssertionError("unreachable")
+
+
+def download_ranges(
+    storage: Storage, key: str, part: Path, size: int, progress: Progress | None = None,
+    transfer: Transfer | None = None,
+) -> None:  # fmt: skip
+    """Download ``key`` (``size`` bytes) into ``part`` with concurrent ranged reads,
+    continuing after the bytes already there (a longer file is discarded first).
+
+    ``progress`` counts bytes transferred now.  The caller verifies the digest.
+    """
+    t = transfer or Transfer()
+    have = part.stat().st_size if part.exists() else 0
+    if have > size:
+        part.unlink()
+        have = 0
+    ranges = [(start, min(t.chunk, size - start)) for start in range(have, size, t.chunk)]
+
+    def fetch(r: tuple[int, int]) -> bytes:
+        return _read_with_retries(storage, key, r[0], r[1], t.attempts)
+
+    try:
+        with open(part, "ab") as f:
+            for data in ordered_map(fetch, ranges, t.concurrency, ahead=1):
+                f.write(data)
+                if progress is not None:
+                    progress(len(data))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise StorageError(f"cannot write {part}: {exc}") from exc
+    if part.stat().st_size != size:  # read_range returns exactly the bytes asked for (ST-3)
+        part.unlink()
+        raise ChecksumMismatchError(f"{key}: the download is not the {size} bytes listed")
