@@ -226,3 +226,35 @@ def test_transfer_settings_are_checked() -> None:
     with pytest.raises(WdeltaError) as info:
         S3Storage("b", client=object(), transfer={"threshold": 1})  # type: ignore[arg-type]
     assert info.value.category == "bad-argument"
+
+
+def test_upload_reads_a_large_object_back_with_ranges(tmp_path: Path) -> None:
+    """The read-back check of a large upload uses the concurrent ranged reads too; an
+    object stored longer or different than the upload is refused (checksum-mismatch)."""
+    data = _payload(5 * MiB + 3, 2)
+    digest = blake3.blake3(data).hexdigest()
+    src = tmp_path / "delta"
+    src.write_bytes(data)
+    st = LocalStorage(tmp_path / "store")
+    st.transfer = chain.Transfer(threshold=MiB, chunk=MiB, concurrency=2)
+    watched = _Watched(st)
+    chain.Chain(st).upload("deltas/d.wdelta", src, digest, "blake3")
+    assert sorted(watched.calls) == [(s, min(MiB, len(data) - s)) for s in range(0, len(data), MiB)]
+    assert (tmp_path / "store" / "deltas" / "d.wdelta").read_bytes() == data
+
+    class Lying(LocalStorage):
+        longer = False
+
+        def put_file(self, key: str, path: Path, progress: Any = None) -> None:
+            super().put_file(key, path, progress)
+            with open(self.root / key, "r+b") as f:
+                f.seek(0, 2 if self.longer else 0)
+                f.write(b"junk")
+
+    for longer in (True, False):
+        lying = Lying(tmp_path / f"lying-{longer}")
+        lying.longer = longer
+        lying.transfer = st.transfer
+        with pytest.raises(WdeltaError) as info:
+            chain.Chain(lying).upload("deltas/d.wdelta", src, digest, "blake3")
+        assert info.value.category == "checksum-mismatch"

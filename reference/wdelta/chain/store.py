@@ -34,7 +34,7 @@ from .manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, r
 from .signing import SigningKey
 from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
-from .storage.transfer import download_ranges
+from .storage.transfer import download_ranges, read_blocks
 from .trust import Trust, as_trust, format_time, root_key
 
 PUBLISH_ATTEMPTS = 50
@@ -191,14 +191,21 @@ class Chain:
         """
         size = path.stat().st_size
         info = self.storage.stat(key)
-        if info is None or info.size != size or self._stored_digest(key, algorithm) != digest:
+        if info is None or info.size != size or self._stored_digest(key, algorithm, size) != digest:
             self.storage.put_file(key, path, progress)
-            if self._stored_digest(key, algorithm) != digest:
+            stored = self.storage.stat(key)
+            if stored is None or stored.size != size:
+                raise ChecksumMismatchError(f"{key}: stored size differs from the upload's")
+            if self._stored_digest(key, algorithm, size) != digest:
                 raise ChecksumMismatchError(f"{key}: stored bytes differ from the upload")
 
-    def _stored_digest(self, key: str, algorithm: str) -> str:
+    def _stored_digest(self, key: str, algorithm: str, size: int) -> str:
+        """The digest of the stored object, read with concurrent ranges if it is large."""
         h = blake3.blake3() if algorithm == "blake3" else hashlib.sha256()
-        for block in self.storage.stream(key):
+        t = self.storage.transfer
+        large = size >= t.threshold
+        blocks = read_blocks(self.storage, key, 0, size, t) if large else self.storage.stream(key)
+        for block in blocks:
             h.update(block)
         return str(h.hexdigest())
 

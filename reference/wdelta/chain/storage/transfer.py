@@ -5,7 +5,8 @@ object of at least ``threshold`` bytes is uploaded in parts of ``chunk``
 bytes, ``concurrency`` at a time, where the backend can (S3 multipart through
 boto3's transfer manager), and downloaded by :func:`download_ranges`:
 ``chunk``-byte ranged reads, ``concurrency`` in flight, built on
-``Storage.read_range`` alone so it works on every backend.
+``Storage.read_range`` alone so it works on every backend; the read-back
+check of an upload reads such an object the same way (:func:`read_blocks`).
 
 The ranges are written to the partial file in order, so the file is always a
 prefix of the object, the same invariant as a streamed download: an
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,28 +63,37 @@ def _read_with_retries(storage: Storage, key: str, start: int, length: int, atte
     raise AssertionError("unreachable")
 
 
-def download_ranges(
-    storage: Storage, key: str, part: Path, size: int, progress: Progress | None = None,
-    transfer: Transfer | None = None,
-) -> None:  # fmt: skip
-    """Download ``key`` (``size`` bytes) into ``part`` with concurrent ranged reads,
-    continuing after the bytes already there (a longer file is discarded first).
-
-    ``progress`` counts bytes transferred now.  The caller verifies the digest.
-    """
+def read_blocks(
+    storage: Storage, key: str, start: int, end: int, transfer: Transfer | None = None
+) -> Iterator[bytes]:
+    """Bytes ``start`` to ``end`` of ``key``, in order, as ``transfer.chunk``-byte ranged
+    reads with up to ``transfer.concurrency`` in flight (bounded memory: at most
+    ``concurrency + 1`` blocks held at once)."""
     t = transfer or Transfer()
-    have = part.stat().st_size if part.exists() else 0
-    if have > size:
-        part.unlink()
-        have = 0
-    ranges = [(start, min(t.chunk, size - start)) for start in range(have, size, t.chunk)]
+    ranges = [(s, min(t.chunk, end - s)) for s in range(start, end, t.chunk)]
 
     def fetch(r: tuple[int, int]) -> bytes:
         return _read_with_retries(storage, key, r[0], r[1], t.attempts)
 
+    yield from ordered_map(fetch, ranges, t.concurrency, ahead=1)
+
+
+def download_ranges(
+    storage: Storage, key: str, part: Path, size: int, progress: Progress | None = None,
+    transfer: Transfer | None = None,
+) -> None:  # fmt: skip
+    """Download ``key`` (``size`` bytes) into ``part`` with :func:`read_blocks`,
+    continuing after the bytes already there (a longer file is discarded first).
+
+    ``progress`` counts bytes transferred now.  The caller verifies the digest.
+    """
+    have = part.stat().st_size if part.exists() else 0
+    if have > size:
+        part.unlink()
+        have = 0
     try:
         with open(part, "ab") as f:
-            for data in ordered_map(fetch, ranges, t.concurrency, ahead=1):
+            for data in read_blocks(storage, key, have, size, transfer):
                 f.write(data)
                 if progress is not None:
                     progress(len(data))
