@@ -258,3 +258,20 @@ def test_upload_reads_a_large_object_back_with_ranges(tmp_path: Path) -> None:
         with pytest.raises(WdeltaError) as info:
             chain.Chain(lying).upload("deltas/d.wdelta", src, digest, "blake3")
         assert info.value.category == "checksum-mismatch"
+
+
+def test_transfer_bench_runs(s3: S3Server) -> None:
+    """bench/transfer.py end to end on a tiny object (it checks every download byte for
+    byte); its speeds are not judged here."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "transfer.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--mib", "2", "--mbps", "200", "--chunk", "1",
+         "--repeat", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| download")]
+    assert len(rows) == 5 and "| upload | multipart, 8 in flight |" in run.stdout
