@@ -50,7 +50,7 @@ def storage(s3: S3Server, bucket: str, endpoint: str | None = None) -> S3Storage
 def test_backend_semantics(s3: S3Server, tmp_path: Path) -> None:
     st = storage(s3, s3.new_bucket())
     src = tmp_path / "blob"
-    src.write_bytes(bytes(range(256)) * 40_000)  # 10 MB: multipart upload
+    src.write_bytes(bytes(range(256)) * 40_000)  # 10 MB (multipart: test_chain_transfer.py)
     st.put_file("deltas/a.wdelta", src)
     assert st.stat("deltas/a.wdelta") == chain.ObjectInfo("deltas/a.wdelta", src.stat().st_size)
     assert st.read_range("deltas/a.wdelta", 1000, 300) == src.read_bytes()[1000:1300]

@@ -44,6 +44,7 @@ from .prune import Policy, prune
 from .pull import PullResult, follow, pull
 from .signing import PublicKey, SigningKey, load_public_key, load_signing_key
 from .storage import LocalStorage, ObjectInfo, Storage, open_storage
+from .storage.transfer import Transfer
 from .store import Chain
 from .trust import Root, Trust, make_root, read_root_file
 
@@ -72,6 +73,7 @@ __all__ = [
     "Snapshot",
     "SnapshotFile",
     "Storage",
+    "Transfer",
     "Trust",
     "Version",
     "append",

@@ -13,7 +13,10 @@ reads the new weights once and the copy once (see ``Publisher``).
 ``follow_weights`` keeps an in-memory mapping at the chain's head: each new
 version is applied with ``apply_inplace`` (all or nothing, every digest
 checked), so a failed download or a corrupted link leaves the weights at the
-previous version; the error is reported and the step retried with backoff.
+previous version; the error is reported (or logged on ``wdelta.chain``), the
+step retried with backoff, and raised after ``max_failures`` in a row.  With
+``recover``, weights that are no version of the chain are brought to the head
+by loading it in place; ``max_cache_bytes`` bounds the node's cache.
 A partial mapping (a tensor-parallel rank) reads only its tensors' blobs of
 each link (ranged requests, ``remote_delta``); a node whose version has no
 links to the head (pruned) jumps there through a snapshot pulled into memory.
@@ -22,9 +25,11 @@ links to the head (pruned) jumps there through a snapshot pulled into memory.
 from __future__ import annotations
 
 import contextlib
+import logging
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Generator, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +59,7 @@ from ..inplace import apply_inplace, apply_opened, apply_unchecked
 from ..output_file import pwrite_all
 from ..pipeline import ordered_map, runs_locally
 from ..tensors import Select, Slot
-from . import graph, parts
+from . import cachegc, graph, parts
 from .acceptance import Tracker
 from .errors import ChainBrokenError, NotFoundError
 from .fetch import fetch_link
@@ -68,6 +73,7 @@ from .store import Chain, as_chain
 from .trust import Trust, as_trust, keep_newest_root, root_state_beside
 
 _WRITE_ELEMENTS = 1 << 22
+log = logging.getLogger("wdelta.chain")
 
 
 def save_weights(weights: Mapping[str, Any], path: Path, *, overwrite: bool = False) -> None:
@@ -334,17 +340,18 @@ def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partia
 
 
 def _advance(
-    chain: Chain, tracker: Tracker, weights: MutableMapping[str, Any], current: int,
+    chain: Chain, tracker: Tracker, weights: MutableMapping[str, Any], current: int | None,
     tensors: Select, threads: int, max_age: float | None = None,
-) -> Iterator[Version]:  # fmt: skip
-    """Apply the links from ``current`` to the head, yielding each version reached;
-    the head revision is accepted once the weights reached its head (and, with
-    ``max_age`` seconds, only if it was published within them)."""
+) -> Generator[Version, None, Manifest]:  # fmt: skip
+    """Apply the links from ``current`` (None: the weights are no version) to the head,
+    yielding each version reached; the head revision is accepted once the weights
+    reached its head (and, with ``max_age`` seconds, only if it was published within
+    them), and returned."""
     _keep_roots(chain, tracker.path)
     m, digest = tracker.head(chain)
     check_fresh(m, max_age)
     plan = None
-    if any(v.number == current for v in m.versions):
+    if current is not None and any(v.number == current for v in m.versions):
         plan = graph.cheapest_path(
             m, [current], m.head.number, chain.is_cached,
             allow=lambda h: h.link is not None and (h.link.reversible or not h.link.parts),
@@ -357,18 +364,21 @@ def _advance(
             _apply_link(chain, m, hop.link, weights, hop.reverse, tensors, threads)
             yield m.version(hop.version)
     tracker.accept(chain, m, digest)
+    return m
 
 
 def _jump(
-    chain: Chain, m: Manifest, weights: MutableMapping[str, Any], current: int,
+    chain: Chain, m: Manifest, weights: MutableMapping[str, Any], current: int | None,
     tensors: Select, threads: int,
 ) -> Version:  # fmt: skip
-    """The head, when no links lead there from ``current`` (pruned, say): pulled into
+    """The head, when no links lead there from ``current`` (pruned, say; None: the
+    weights are no version, a recovery): pulled into
     host memory (a snapshot and its links; a partial pull for a pattern), then diffed
     against the weights and applied in place, all or nothing as a link is."""
     if tensors is not None and not isinstance(tensors, str):
+        where = "the weights' version" if current is None else f"version {current}"
         raise ChainBrokenError(
-            f"no links lead from version {current} to the head, and a snapshot's "
+            f"no links lead from {where} to the head, and a snapshot's "
             "tensors can be selected by a pattern only, not a predicate"
         )
     head, version = load(chain, to=m.head.number, tensors=tensors)
@@ -406,7 +416,8 @@ def follow_weights(
     on_error: Callable[[WdeltaError, int], None] | None = None, threads: int = 2,
     trust: Trust | PathLike | None = None,
     state: PathLike | None = None, accept_rollback: bool = False, max_age: float | None = None,
-    allow_unsigned: bool = False,
+    allow_unsigned: bool = False, max_failures: int | None = 5, recover: bool = False,
+    max_cache_bytes: int | None = None,
 ) -> Iterator[Version]:  # fmt: skip
     """Keep ``weights`` at the chain's head; yields every version once applied.
 
@@ -419,12 +430,29 @@ def follow_weights(
     (its snapshot and links; partial for a ``tensors`` pattern), diffed
     against the weights and that delta applied in place: one version
     yielded, the head.  The head is polled every ``interval`` seconds,
-    ``max_polls`` times (None: forever).  A failed step (download,
-    corrupted link, digest) leaves the weights at the last yielded
-    version, is passed to ``on_error(error, failures in a row)`` and
-    retried after ``backoff[0] * 2**(failures-1)`` seconds, at most
-    ``backoff[1]``.  The chain needs a cache folder.
+    ``max_polls`` times (None: forever).  The chain needs a cache folder.
     ``trust``: a trust policy, as for ``pull`` (refused revisions are failed steps).
+
+    Failures.  A failed step (download, corrupted link, digest, a refused
+    head) leaves the weights at the last yielded version, is passed to
+    ``on_error(error, failures in a row)`` (without ``on_error``, logged as
+    a warning on the ``wdelta.chain`` logger) and retried after
+    ``backoff[0] * 2**(failures-1)`` seconds, at most ``backoff[1]``.  After
+    ``max_failures`` failures in a row the last error is raised (None: retry
+    forever).  A ``bad-argument`` error (a read-only tensor, say) is raised
+    at once: no retry can fix it.
+
+    Recovery.  Weights that are no version of the chain (hashed at the
+    start, or refused by a link with ``base-mismatch``: written behind the
+    follower's back) are an error, unless ``recover``: the failure is
+    reported and the next poll loads the head in place, as when no links
+    lead there (the head pulled and verified, diffed against the weights,
+    applied all or nothing, every tensor digest checked).
+
+    ``max_cache_bytes``: after each successful poll the cache is collected
+    (``cachegc.gc``): files the head no longer names, then the least
+    recently used, until it holds at most that many bytes (files a running
+    pull pinned are kept).
 
     What each link hashes (``apply_inplace``'s default, SPEC §10.2): every
     tensor it modifies, once, on its output (which proves the input: the
@@ -451,24 +479,86 @@ def follow_weights(
     check_mapping(weights, "weights", mutable=True)
     interval = check_seconds(interval, "interval") or 0.0
     check_optional_int(max_polls, "max_polls", 1)
+    check_optional_int(max_failures, "max_failures", 1)
+    check_optional_int(max_cache_bytes, "max_cache_bytes", 0)
     max_age = check_max_age(max_age)
     if chain.cache is None:
         raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
     tracker = Tracker(state, accept_rollback, allow_unsigned)
     _keep_roots(chain, state)
-    current = _start(tracker.head(chain)[0], weights, at, tensors is not None)
-    failures, polls = 0, 0
+    f = _Follower(chain, weights, tracker, tensors, threads, max_age, bool(recover))
+    f.current = f.start(at)
+    polls = 0
     while max_polls is None or polls < max_polls:
         polls += 1
         try:
-            for version in _advance(chain, tracker, weights, current, tensors, threads, max_age):
-                current, failures = version.number, 0
-                yield version
+            yield from f.poll(max_cache_bytes)
+        except BadArgumentError:
+            raise
         except WdeltaError as exc:
-            failures += 1
-            if on_error is not None:
-                on_error(exc, failures)
-            time.sleep(min(backoff[0] * 2 ** (failures - 1), backoff[1]))
+            f.failed(exc, on_error, max_failures)
+            time.sleep(min(backoff[0] * 2 ** (f.failures - 1), backoff[1]))
             continue
         if max_polls is None or polls < max_polls:
             time.sleep(interval)
+
+
+@dataclass
+class _Follower:
+    """A follower's state between polls: the weights' version (None: no version of
+    the chain, to be recovered) and the failures in a row."""
+
+    chain: Chain
+    weights: MutableMapping[str, Any]
+    tracker: Tracker
+    tensors: Select
+    threads: int
+    max_age: float | None
+    recover: bool
+    current: int | None = None
+    failures: int = 0
+
+    def start(self, at: str | int | None) -> int | None:
+        """The weights' version; None if they are none and ``recover`` was asked."""
+        m = self.tracker.head(self.chain)[0]
+        try:
+            return _start(m, self.weights, at, self.tensors is not None)
+        except NotFoundError as exc:
+            if not self.recover or at is not None:
+                raise
+            log.warning("%s; recovering: loading the head in place", exc)
+            return None
+
+    def poll(self, max_cache_bytes: int | None) -> Iterator[Version]:
+        """Bring the weights to the head, yielding each version reached; then bound the
+        cache to ``max_cache_bytes`` against the head accepted."""
+        c = self.chain
+        advance = _advance(c, self.tracker, self.weights, self.current, self.tensors,
+                           self.threads, self.max_age)  # fmt: skip
+        while True:
+            try:
+                version = next(advance)
+            except StopIteration as done:
+                head: Manifest = done.value
+                break
+            self.current, self.failures = version.number, 0
+            yield version
+        self.failures = 0
+        if max_cache_bytes is not None and c.cache is not None:
+            cachegc.gc(c.cache, head, max_cache_bytes)
+
+    def failed(
+        self, exc: WdeltaError, on_error: Callable[[WdeltaError, int], None] | None,
+        max_failures: int | None,
+    ) -> None:  # fmt: skip
+        """Report a failed poll; raise it after ``max_failures`` in a row."""
+        self.failures += 1
+        if isinstance(exc, BaseMismatchError) and self.recover:
+            self.current = None  # the weights are no version: the next poll reloads the head
+        if on_error is not None:
+            on_error(exc, self.failures)
+        else:
+            log.warning("following %s failed (%d in a row): %s: %s",
+                        self.chain.url, self.failures, exc.category, exc)  # fmt: skip
+        if max_failures is not None and self.failures >= max_failures:
+            raise exc

@@ -6,11 +6,14 @@ folder, and may be a folder, a FIFO, a device (``/dev/zero`` behind a symlink)
 or a huge file.  It is opened without blocking (so a FIFO cannot hang the
 node), its kind is checked with ``fstat`` on that open file, and a whole read
 takes at most the caller's limit (so nothing larger is read into memory).
+A partial download in a node's cache is continued only if it is a regular
+file, and appended to without following a symlink.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -81,3 +84,28 @@ def read_regular(path: Path, limit: int, refuse: Callable[[str], WdeltaError]) -
         return read_bounded(fd, limit, refuse)
     finally:
         os.close(fd)
+
+
+def kept_partial(part: Path, size: int) -> int:
+    """Bytes of an earlier download in ``part`` to continue after (0: start afresh).
+
+    Anything but a regular file there is removed first (it is the node's own
+    cache): a FIFO would block the download, a symlink would write elsewhere.
+    So is a file longer than ``size``.
+    """
+    try:
+        info = part.lstat()
+    except FileNotFoundError:
+        return 0
+    if stat.S_ISREG(info.st_mode) and info.st_size <= size:
+        return info.st_size
+    try:
+        shutil.rmtree(part) if stat.S_ISDIR(info.st_mode) else part.unlink()
+    except OSError as exc:
+        raise StorageError(f"cannot remove {part}: {exc}") from exc
+    return 0
+
+
+def append_partial(path: str, flags: int) -> int:
+    # Never through a symlink, never waiting on a FIFO put there meanwhile.
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)

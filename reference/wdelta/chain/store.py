@@ -10,11 +10,13 @@ the highest revision and refuse one lower than a revision they have already
 seen.
 
 Downloads land in ``<cache>/partial/`` (kept across interruptions and
-continued with ranged reads), are checked against the manifest's digest and
-only then moved to ``<cache>/objects/<digest>``: a cached file is verified
-when it is stored.  It can still be damaged later (a disk, or anyone who can
-write the cache): a use that fails on it checks its digest again, and a bad
-file is removed (``evict_if_corrupt``) so that it is downloaded once more.
+continued with ranged reads; objects of at least ``storage.transfer.threshold``
+bytes with concurrent ranged reads, ``transfer.download_ranges``), are
+checked against the manifest's digest and only then moved to
+``<cache>/objects/<digest>``: a cached file is verified when it is stored.
+It can still be damaged later (a disk, or anyone who can write the cache): a
+use that fails on it checks its digest again, and a bad file is removed
+(``evict_if_corrupt``) so that it is downloaded once more.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from .manifest import (
 from .signing import SigningKey
 from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
+from .storage.transfer import download_ranges, read_blocks
 from .trust import Trust, as_trust, expires_in, root_key
 
 PUBLISH_ATTEMPTS = 50
@@ -270,15 +273,22 @@ class Chain:
         info = self.storage.stat(key)
         if info is None or info.size != size or self._stored_digest(key, algorithm, size) != digest:
             self.storage.put_file(key, path, progress)
+            stored = self.storage.stat(key)
+            if stored is None or stored.size != size:
+                raise ChecksumMismatchError(f"{key}: stored size differs from the upload's")
             if self._stored_digest(key, algorithm, size) != digest:
                 raise ChecksumMismatchError(f"{key}: stored bytes differ from the upload")
 
     def _stored_digest(self, key: str, algorithm: str, size: int) -> str | None:
-        """The digest of the object at ``key``; None if it is longer than ``size``
-        bytes (read no further: a store can answer without end, RD-5)."""
+        """The digest of the object at ``key``, read with concurrent ranges if it is
+        large; None if it is longer than ``size`` bytes (read no further: a store can
+        answer without end, RD-5)."""
         h = blake3.blake3() if algorithm == "blake3" else hashlib.sha256()
+        t = self.storage.transfer
+        large = size >= t.threshold
+        blocks = read_blocks(self.storage, key, 0, size, t) if large else self.storage.stream(key)
         have = 0
-        for block in self.storage.stream(key):
+        for block in blocks:
             have += len(block)
             if have > size:
                 return None
@@ -322,7 +332,10 @@ class Chain:
             (self.cache / sub).mkdir(parents=True, exist_ok=True)
         part = self.cache / "partial" / f"{digest}.part"
         resumed = part.exists()
-        download(self.storage, key, part, size, progress)
+        if size >= self.storage.transfer.threshold:
+            download_ranges(self.storage, key, part, size, progress, self.storage.transfer)
+        else:
+            download(self.storage, key, part, size, progress)
         if file_digest(part, algorithm) != digest:
             part.unlink()
             if not resumed:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import abc
 import os
-import shutil
-import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,8 @@ from ...errors import (
     StorageError,
     UnsupportedFeatureError,
 )
+from ..smallfile import append_partial, kept_partial
+from .transfer import Transfer
 
 Progress = Callable[[int], None]
 STREAM_BLOCK = 1 << 20
@@ -74,6 +74,9 @@ class Storage(abc.ABC):
     """A flat key -> bytes store rooted at one URL."""
 
     url: str
+    # Large-object settings: multipart uploads (where the backend has them) and
+    # concurrent ranged downloads (``transfer.download_ranges``).
+    transfer: Transfer = Transfer()
 
     @abc.abstractmethod
     def stat(self, key: str) -> ObjectInfo | None:
@@ -130,31 +133,6 @@ class Storage(abc.ABC):
         return self.stat(key) is not None
 
 
-def _kept(part: Path, size: int) -> int:
-    """Bytes of an earlier download in ``part`` to continue after (0: start afresh).
-
-    Anything but a regular file there is removed first (it is the node's own
-    cache): a FIFO would block the download, a symlink would write elsewhere.
-    So is a file longer than ``size``.
-    """
-    try:
-        info = part.lstat()
-    except FileNotFoundError:
-        return 0
-    if stat.S_ISREG(info.st_mode) and info.st_size <= size:
-        return info.st_size
-    try:
-        shutil.rmtree(part) if stat.S_ISDIR(info.st_mode) else part.unlink()
-    except OSError as exc:
-        raise StorageError(f"cannot remove {part}: {exc}") from exc
-    return 0
-
-
-def _append_here(path: str, flags: int) -> int:
-    # Never through a symlink, never waiting on a FIFO put there meanwhile.
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
-
-
 def download(
     storage: Storage, key: str, part: Path, size: int, progress: Progress | None = None
 ) -> None:
@@ -164,11 +142,11 @@ def download(
     than ``size`` is discarded first.  ``progress`` counts bytes transferred
     now (not those kept from before).  The caller verifies the digest.
     """
-    have = _kept(part, size)
+    have = kept_partial(part, size)
     if have == size:
         return
     try:
-        with open(part, "ab", opener=_append_here) as f:
+        with open(part, "ab", opener=append_partial) as f:
             for block in storage.stream(key, have):
                 have += len(block)
                 if have > size:

@@ -8,6 +8,12 @@ receives a whole answer before it does: the transfer of a store that answers
 more than asked is not cut short (SPEC.md RD-5).  The token
 comes from the usual environment (``HF_TOKEN`` or the saved login).
 
+Uploads go through ``huggingface_hub``'s own large-file path: ``upload_file``
+to a repo sends a large file by the Hub's chunked protocol (LFS multipart or
+Xet) before the commit that makes it visible, and a bucket's batch upload
+uses Xet; wdelta adds no chunking of its own.  Downloads of large files use
+the chain's concurrent ranged reads (``transfer.download_ranges``).
+
 Create-only writes: in a repo, a commit whose ``parent_commit`` is the head
 at which the key was seen absent; the Hub refuses it (412) if anything was
 committed since, and the check is repeated.  Buckets offer no conditional

@@ -4,7 +4,14 @@ Create-only writes are ``PutObject`` with ``If-None-Match: *``: the store
 answers 412 when the key exists, atomically.  Reads are ranged ``GetObject``
 requests, so a download resumes at the byte where it stopped; a response body
 is read only up to the bytes asked for (plus one, to see that a store answered
-more, which is refused), never whole.  Credentials
+more, which is refused), never whole.  Uploads go
+through boto3's transfer manager: a file of at least ``transfer.threshold``
+bytes is a multipart upload of ``transfer.chunk``-byte parts,
+``transfer.concurrency`` at a time, each request retried by botocore's
+standard retry mode; the object appears under its key only when the upload
+completes, and a failed upload is aborted (no object, no parts left).
+Create-only writes are needed only for small objects (manifests,
+signatures, trust roots) and stay single ``PutObject`` requests.  Credentials
 and the endpoint come from the usual AWS environment (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ...) unless a client is passed in.
 """
@@ -27,6 +34,7 @@ from .base import (
     missing_package,
     too_large,
 )
+from .transfer import Transfer
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _UNSATISFIABLE = {"416", "InvalidRange"}
@@ -57,14 +65,18 @@ def _code(exc: Exception) -> str:
 
 
 class S3Storage(Storage):
-    """Objects under ``s3://bucket/prefix/``."""
+    """Objects under ``s3://bucket/prefix/``; ``transfer`` sets multipart uploads and
+    concurrent downloads of large objects."""
 
     def __init__(
         self, bucket: str, prefix: str = "", *, client: Any = None,
-        endpoint_url: str | None = None,
+        endpoint_url: str | None = None, transfer: Transfer | None = None,
     ) -> None:  # fmt: skip
         if not bucket:
             raise BadArgumentError("an S3 URL needs a bucket: s3://BUCKET/PREFIX")
+        if transfer is not None and not isinstance(transfer, Transfer):
+            raise BadArgumentError(f"transfer must be a Transfer, not {type(transfer).__name__}")
+        self.transfer = transfer or Transfer()
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.url = f"s3://{bucket}/{self.prefix}"
@@ -152,8 +164,17 @@ class S3Storage(Storage):
             body.close()
 
     def put_file(self, key: str, path: Path, progress: Progress | None = None) -> None:
+        from boto3.s3.transfer import TransferConfig  # type: ignore[import-untyped, import-not-found, unused-ignore]
+
+        t = self.transfer
+        config = TransferConfig(
+            multipart_threshold=t.threshold, multipart_chunksize=t.chunk,
+            max_concurrency=t.concurrency, use_threads=t.concurrency > 1,
+        )  # fmt: skip
         try:
-            self.client.upload_file(str(path), self.bucket, self._key(key), Callback=progress)
+            self.client.upload_file(
+                str(path), self.bucket, self._key(key), Callback=progress, Config=config
+            )
         except _transport_errors() as exc:
             raise self._fail(key, exc) from exc
 
