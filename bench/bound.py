@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from wdelta import open_checkpoint
-from wdelta.encodings import transform
-from wdelta.pipeline import ordered_map
+from wdelta.codec import transform
+from wdelta.ops.pipeline import ordered_map
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 

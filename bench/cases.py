@@ -1,7 +1,7 @@
 """Benchmark inputs: synthetic base/target checkpoints, generated once and reused.
 
 Each file gets a JSON sidecar recording what produced it (model spec, seed,
-lr, a hash of ``wdelta/synthetic.py``); a file is reused only when its sidecar
+lr, a hash of ``wdelta/testing/synthetic.py``); a file is reused only when its sidecar
 matches, so edits to the generator invalidate old data.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from wdelta import synthetic
+from wdelta.testing import synthetic
 
 GENERATOR_HASH = hashlib.sha256(Path(synthetic.__file__).read_bytes()).hexdigest()[:16]
 

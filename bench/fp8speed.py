@@ -35,7 +35,7 @@ import realtrace
 import traceconfig
 
 import wdelta
-from wdelta.inspect import summarize
+from wdelta.ops.summary import summarize
 
 Times = tuple[float, float]  # (wall, cpu) seconds
 

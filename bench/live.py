@@ -62,7 +62,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import wdelta
-from wdelta import chain, synthetic
+from wdelta import chain
+from wdelta.testing import synthetic
 
 OUT = Path(__file__).resolve().parent / "out"
 

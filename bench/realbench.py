@@ -31,7 +31,8 @@ import traceconfig
 from headerpairs import header_json_bytes
 
 import wdelta
-from wdelta import inline_blobs, synthetic
+from wdelta.format import inline_blobs
+from wdelta.testing import synthetic
 
 Row = dict[str, Any]
 REFERENCE = realreport.REFERENCE

@@ -54,7 +54,7 @@ import report
 from traceconfig import add_flags as realtrace_flags
 
 import wdelta
-from wdelta import synthetic
+from wdelta.testing import synthetic
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -243,7 +243,7 @@ def _notes(
     return [
         f"Model: {spec['layers']} layers, hidden {spec['hidden']}, vocab {spec['vocab']}; "
         f"target file {r0['full_bytes'] / 1e9:.2f} GB. Synthetic AdamW step "
-        "(wdelta.synthetic), density = changed elements / all elements.",
+        "(wdelta.testing.synthetic), density = changed elements / all elements.",
         "Throughput = target checkpoint bytes / wall seconds of the child process "
         f"(python start-up included), `--threads {args.threads}`, fastest of {args.repeat} "
         "rounds; each round runs diff, zstd -3 (1 thread), apply and a copy of the base one "

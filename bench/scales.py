@@ -21,7 +21,7 @@ import numpy as np
 import peers
 import zstandard
 
-from wdelta.encodings import chunk, estimate, planes, transform
+from wdelta.codec import chunk, estimate, planes, transform
 
 
 def _dense(kind: str, b: peers.Array, t: peers.Array, level: int) -> int:

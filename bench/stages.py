@@ -2,7 +2,7 @@
 
     python bench/stages.py BASE.safetensors TARGET.safetensors [--chunk-elements N]
 
-Runs the steps of ``wdelta.encodings.chunk.encode_modified`` (sparse path) on
+Runs the steps of ``wdelta.codec.chunk.encode_modified`` (sparse path) on
 every chunk of every tensor the two files share, on one thread, and prints
 seconds, share and nanoseconds per element of each step.  Dense and full
 candidates (tried above 1/2 density only), the header and the output file are
@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 import numpy as np
 
 from wdelta.checkpoint.source import open_checkpoint
-from wdelta.digest import new_hasher
-from wdelta.encoder import DEFAULT_CHUNK_ELEMENTS
-from wdelta.encodings import chunk, codec, estimate, sparse, transform
-from wdelta.malloc_tuning import keep_chunk_buffers
+from wdelta.codec import chunk, codec, estimate, sparse, transform
+from wdelta.format.digest import new_hasher
+from wdelta.io.malloc_tuning import keep_chunk_buffers
+from wdelta.ops.encoder import DEFAULT_CHUNK_ELEMENTS
 
 R = TypeVar("R")
 

@@ -24,8 +24,8 @@ from bound import Bound, chunk_bound, information_bound
 
 import wdelta
 from wdelta import open_checkpoint
-from wdelta.encoder import DiffOptions, diff_checkpoints
-from wdelta.inspect import summarize
+from wdelta.ops.encoder import DiffOptions, diff_checkpoints
+from wdelta.ops.summary import summarize
 
 
 def tensor_bound(base: Path, target: Path, chunk_elements: int, suffix: str) -> float:

@@ -29,8 +29,8 @@ from vectorgen.builder import ChunkPlan, Delta, build, set_raw, uniform  # noqa:
 from vectorgen.compactform import Form, form  # noqa: E402
 
 from wdelta.checkpoint.source import open_checkpoint  # noqa: E402
-from wdelta.container import PREFIX_SIZE, pack_prefix  # noqa: E402
 from wdelta.errors import WdeltaError  # noqa: E402
+from wdelta.format.container import PREFIX_SIZE, pack_prefix  # noqa: E402
 
 RICE = ChunkPlan("sparse", "xor", "zstd", payload.RICE)
 FULL = ChunkPlan("full")

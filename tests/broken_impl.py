@@ -38,15 +38,15 @@ from typing import Any
 
 import numpy as np
 
-import wdelta.compact
-import wdelta.container
-import wdelta.encodings.positions
-import wdelta.encodings.values
-import wdelta.header
-import wdelta.inline_blobs
-from wdelta import cli
+import wdelta.codec.positions
+import wdelta.codec.values
+import wdelta.format.compact
+import wdelta.format.container
+import wdelta.format.header
+import wdelta.format.inline_blobs
 from wdelta.checkpoint.safetensors_header import FileLayout, parse_header
 from wdelta.checkpoint.source import pread_into
+from wdelta.cli import delta as cli
 
 # Bit patterns of the canonical quiet NaN per float dtype, and its exponent mask.
 _NAN = {"F16": (0x7E00, 0x7C00, 0x03FF), "BF16": (0x7FC0, 0x7F80, 0x007F),
@@ -64,7 +64,7 @@ class _Anything(bytes):
 
 def ignore_checksums() -> None:
     """Skip the header digest and blob checksum checks."""
-    parse_prefix = wdelta.container.parse_prefix
+    parse_prefix = wdelta.format.container.parse_prefix
 
     def lenient_prefix(prefix: bytes, size: int) -> tuple[int, bytes, int]:
         n, _, d = parse_prefix(prefix, size)
@@ -75,8 +75,8 @@ def ignore_checksums() -> None:
         pread_into(self._fd, memoryview(buf), self.data_start + chunk.offset)
         return bytes(buf)
 
-    wdelta.container.parse_prefix = lenient_prefix  # type: ignore[assignment]
-    wdelta.container.DeltaFile.read_blob = read_blob  # type: ignore[method-assign]
+    wdelta.format.container.parse_prefix = lenient_prefix  # type: ignore[assignment]
+    wdelta.format.container.DeltaFile.read_blob = read_blob  # type: ignore[method-assign]
 
 
 def clamp_indices() -> None:
@@ -97,8 +97,8 @@ def clamp_indices() -> None:
             positions.append(min(prev, m - 1))
         return np.array(positions, dtype=np.int64)
 
-    wdelta.encodings.positions.bitmap_decode = bitmap_decode
-    wdelta.encodings.positions.rice_decode = rice_decode
+    wdelta.codec.positions.bitmap_decode = bitmap_decode
+    wdelta.codec.positions.rice_decode = rice_decode
 
 
 def canonical_by_name() -> None:
@@ -114,7 +114,7 @@ def canonical_by_name() -> None:
         text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
         return parse_header((text + " " * (-len(text.encode()) % 8)).encode())
 
-    wdelta.compact.build_header = build  # type: ignore[assignment]
+    wdelta.format.compact.build_header = build  # type: ignore[assignment]
 
 
 def _respell(digest: Any) -> Any:
@@ -122,14 +122,14 @@ def _respell(digest: Any) -> Any:
     if not isinstance(digest, str) or len(digest) != 43:
         return digest
     try:
-        return wdelta.compact.b64(wdelta.compact.hex_digest(digest))
+        return wdelta.format.compact.b64(wdelta.format.compact.hex_digest(digest))
     except wdelta.WdeltaError:
         return digest
 
 
 def lax_compact() -> None:
     """Drop chunks' offset members and respell digests before the schema sees them."""
-    validate = wdelta.header._validate_schema
+    validate = wdelta.format.header._validate_schema
 
     def lax(raw: dict[str, Any], compact_form: bool) -> None:
         if compact_form:
@@ -146,12 +146,12 @@ def lax_compact() -> None:
                         chunk["h"] = _respell(chunk["h"])
         validate(raw, compact_form)
 
-    wdelta.header._validate_schema = lax
+    wdelta.format.header._validate_schema = lax
 
 
 def same_as_own_path() -> None:
     """Look a same_as_base file up under its own path, not the base path it names (C3)."""
-    expand = wdelta.compact._expand_side
+    expand = wdelta.format.compact._expand_side
 
     def own_path(
         side: dict[str, Any], base: Any, listing: Any, name: str, built: Any
@@ -160,34 +160,34 @@ def same_as_own_path() -> None:
                  for f in side["files"]]  # fmt: skip
         return expand({**side, "files": files}, base, listing, name, built)
 
-    wdelta.compact._expand_side = own_path
+    wdelta.format.compact._expand_side = own_path
 
 
 def coded_no_level_cap() -> None:
     """Accept any number of split levels (V1 dropped)."""
-    wdelta.encodings.values.MAX_LEVELS = 255
+    wdelta.codec.values.MAX_LEVELS = 255
 
 
 def coded_one_level_less() -> None:
     """An off-by-one loop: one split level fewer than L is read."""
-    decode = wdelta.encodings.values.decode
+    decode = wdelta.codec.values.decode
 
     def short(view: memoryview, count: int, word: Any) -> Any:
         data = bytearray(view)
         data[0] = max(0, data[0] - 1)
         return decode(memoryview(bytes(data)), count, word)
 
-    wdelta.encodings.values.decode = short
+    wdelta.codec.values.decode = short
 
 
 def compact_codec_zstd() -> None:
     """Expand a compact chunk without z to codec zstd, whatever the features (C2 dropped)."""
-    wdelta.compact._default_codec = lambda chunk, raw_by_default, inline: "zstd"
+    wdelta.format.compact._default_codec = lambda chunk, raw_by_default, inline: "zstd"
 
 
 def lax_remainder_padding() -> None:
     """Clear the padding bits of a Rice remainder stream instead of refusing them (V7, S9)."""
-    fields = wdelta.encodings.positions.remainder_fields
+    fields = wdelta.codec.positions.remainder_fields
 
     def lax(data: Any, count: int, k: int) -> Any:
         raw, used = bytearray(data), count * k
@@ -195,7 +195,7 @@ def lax_remainder_padding() -> None:
             raw[-1] &= (1 << (used % 8)) - 1
         return fields(bytes(raw), count, k)
 
-    wdelta.encodings.positions.remainder_fields = lax
+    wdelta.codec.positions.remainder_fields = lax
 
 
 def canonicalize_nans(out: Path) -> None:
@@ -232,12 +232,12 @@ def _argv(args: list[str]) -> tuple[list[str], Path | None, Path | None]:
 
 def inline_ignored() -> None:
     """List inline-blobs as known but read no chunk's inline member (K2 on every one)."""
-    wdelta.inline_blobs.FEATURE = "inline-blobs (not read)"
+    wdelta.format.inline_blobs.FEATURE = "inline-blobs (not read)"
 
 
 def inline_in_placement() -> None:
     """Count inline blobs in the offsets of the data section's blobs (§4.7 broken)."""
-    check = wdelta.header._check_blobs
+    check = wdelta.format.header._check_blobs
 
     def counted(tensors: Any, data_length: int) -> None:
         cursor = inline = 0
@@ -252,7 +252,7 @@ def inline_in_placement() -> None:
             moved.append(replace(t, chunks=tuple(chunks)))
         check(tuple(moved), data_length + inline)
 
-    wdelta.header._check_blobs = counted
+    wdelta.format.header._check_blobs = counted
 
 
 # Modes that patch the reference and then run it as it is.

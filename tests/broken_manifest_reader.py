@@ -34,9 +34,10 @@ import wdelta.chain.ops
 import wdelta.chain.parts
 import wdelta.chain.signed_cli
 import wdelta.chain.trust
-from wdelta import api, cli
 from wdelta.chain.errors import ManifestInvalidError, NotFoundError
 from wdelta.chain.fetch import fetch_link, materialize_snapshot
+from wdelta.cli import delta as cli
+from wdelta.ops import api
 
 
 def plain_json(data: bytes) -> dict[str, Any]:

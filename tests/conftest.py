@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
-from wdelta import inline_blobs
+from wdelta.format import inline_blobs
 
 # derandomize: every run draws the same examples, so a red CI run reproduces
 # locally; no database, so runs leave nothing in the working tree.

@@ -39,10 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import tinyllama
 
-from wdelta import chain, tensors
+from wdelta import chain
 from wdelta.chain import distributed, group_follow
 from wdelta.chain.storage.s3 import S3Storage
 from wdelta.errors import StorageError, WdeltaError
+from wdelta.ops import tensors
 
 
 def write_json(path: Path, doc: Any) -> None:

@@ -22,8 +22,8 @@ from kit import RawTensor, leftovers, safetensors_bytes, write_sharded
 from wdelta.chain.errors import CHAIN_CATEGORIES
 from wdelta.chain.manifest import parse_manifest
 from wdelta.checkpoint.source import open_checkpoint
-from wdelta.container import pack_prefix
 from wdelta.errors import CATEGORIES
+from wdelta.format.container import pack_prefix
 
 # The chain's categories come on top of the format's (SPEC.md §17).
 DOCUMENTED = frozenset(CATEGORIES) | set(CHAIN_CATEGORIES)

@@ -25,7 +25,7 @@ import numpy as np
 import zstandard
 
 import wdelta
-from wdelta.container import pack_prefix
+from wdelta.format.container import pack_prefix
 
 # safetensors name -> (element size in bytes, numpy / ml_dtypes dtype)
 DTYPES: dict[str, tuple[int, np.dtype[Any]]] = {
@@ -484,7 +484,7 @@ def expect_refusal(
 def record_staged(monkeypatch: Any) -> list[int]:
     """Patch OutputFile so that each copy into its O_DIRECT staging buffer appends
     the copied length to the returned list (empty: every write went out as it was)."""
-    from wdelta.output_file import OutputFile
+    from wdelta.io.output_file import OutputFile
 
     staged: list[int] = []
     real_staged = OutputFile._staged

@@ -10,7 +10,8 @@ from pathlib import Path
 from chainkit import Trainer
 from wdelta import chain
 from wdelta.chain import signing, trust
-from wdelta.chain.manifest import MAX_MANIFEST, revision_key
+from wdelta.chain.manifest import revision_key
+from wdelta.limits import MAX_MANIFEST_BYTES
 
 FAR = "2099-01-01T00:00:00Z"
 PAST = "2001-01-01T00:00:00Z"
@@ -90,7 +91,7 @@ class Signed:
         new = self.publish()
         storage = chain.LocalStorage(self.store)
         r = chain.Chain(storage).revisions()[-1]
-        data = storage.read(revision_key(r), MAX_MANIFEST)
+        data = storage.read(revision_key(r), MAX_MANIFEST_BYTES)
         payload = trust.revision_payload(trust.read_root_file(self.root).chain, r, data, PAST)
         for name in self.signers:
             obj = trust.sign_revision(key(name), payload)

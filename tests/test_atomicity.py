@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import wdelta
-import wdelta.decoder
-import wdelta.encodings.chunk
-import wdelta.output_file
-import wdelta.prepend
+import wdelta.codec.chunk
+import wdelta.io.output_file
+import wdelta.io.prepend
+import wdelta.ops.decoder
 from kit import (
     RawTensor,
     leftovers,
@@ -67,7 +67,7 @@ def pair(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 def _failing_sink(after: int, error: BaseException) -> Callable[..., Any]:
     """Wrap file_sink so that its sink raises after ``after`` successful writes."""
-    real = wdelta.decoder.file_sink
+    real = wdelta.ops.decoder.file_sink
     calls = {"n": 0}
 
     def factory(*args: Any, **kwargs: Any) -> Callable[..., None]:
@@ -100,7 +100,7 @@ def test_crash_mid_apply_leaves_nothing(
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out = out_dir / ("model" if sharded else "model.safetensors")
-    monkeypatch.setattr(wdelta.decoder, "file_sink", _failing_sink(after, error))
+    monkeypatch.setattr(wdelta.ops.decoder, "file_sink", _failing_sink(after, error))
     with unchanged_inputs(folder), pytest.raises(type(error)):
         wdelta.apply(base, delta, out, threads=threads)
     assert list(out_dir.iterdir()) == []
@@ -117,7 +117,7 @@ def test_crash_keeps_existing_destination(
     delta = wdelta.diff(base, folder / "target.safetensors", folder / "d.wdelta")
     out = tmp_path / "model.safetensors"
     out.write_bytes(b"previous version")
-    monkeypatch.setattr(wdelta.decoder, "file_sink", _failing_sink(2, Boom()))
+    monkeypatch.setattr(wdelta.ops.decoder, "file_sink", _failing_sink(2, Boom()))
     with pytest.raises(Boom):
         wdelta.apply(base, delta, out, threads=2, overwrite=True)
     assert out.read_bytes() == b"previous version"
@@ -152,7 +152,7 @@ def test_crash_mid_diff_leaves_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     base, target, folder = pair
-    real = wdelta.encodings.chunk.encode_modified
+    real = wdelta.codec.chunk.encode_modified
     calls = {"n": 0}
 
     def failing(*args: Any) -> Any:
@@ -161,7 +161,7 @@ def test_crash_mid_diff_leaves_nothing(
         calls["n"] += 1
         return real(*args)
 
-    monkeypatch.setattr(wdelta.encodings.chunk, "encode_modified", failing)
+    monkeypatch.setattr(wdelta.codec.chunk, "encode_modified", failing)
     out = tmp_path / "d.wdelta"
     out.write_bytes(b"older delta")
     with unchanged_inputs(folder), pytest.raises(type(error)):
@@ -237,8 +237,8 @@ def test_diff_error_while_prepending_leaves_nothing(
     def broken(*args: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(wdelta.prepend, "insert_front", broken)
-    monkeypatch.setattr(wdelta.prepend, "shift_forward", broken)
+    monkeypatch.setattr(wdelta.io.prepend, "insert_front", broken)
+    monkeypatch.setattr(wdelta.io.prepend, "shift_forward", broken)
     with pytest.raises(wdelta.StorageError) as info:
         wdelta.diff(base, target, tmp_path / "d.wdelta")
     assert info.value.category == "io-error"
@@ -257,7 +257,7 @@ def test_failed_background_flush_is_an_io_error(
     def failing(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(wdelta.output_file, "SYNC_BYTES", 1)
+    monkeypatch.setattr(wdelta.io.output_file, "SYNC_BYTES", 1)
     monkeypatch.setattr(os, "fdatasync", failing)
     with pytest.raises(wdelta.StorageError, match="Input/output error") as info:
         if op == "diff":

@@ -25,8 +25,8 @@ from wdelta.chain.trust import (
     sign_revision,
     signature_key,
 )
-from wdelta.digest import digest_bytes
 from wdelta.errors import WdeltaError
+from wdelta.format.digest import digest_bytes
 
 
 def refused(category: str, s: Signed, c: chain.Chain | None = None) -> WdeltaError:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from chainkit import Trainer
-from wdelta import cli
+from wdelta.cli import delta as cli
 
 
 def run(capsys: Any, monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str, str]:

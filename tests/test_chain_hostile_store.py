@@ -25,8 +25,8 @@ from wdelta.chain.pull import work_dir
 from wdelta.chain.storage.base import Storage
 from wdelta.chain.store import file_digest
 from wdelta.chain.trust import read_root_file, root_key, signature_key
-from wdelta.digest import digest_bytes
 from wdelta.errors import WdeltaError
+from wdelta.format.digest import digest_bytes
 
 WDELTA = [sys.executable, "-m", "wdelta", "chain"]
 LIE = 64 << 20  # what a lying store answers to any GET

@@ -134,8 +134,8 @@ def test_publish_neither_hashes_nor_copies_the_previous_copy(
     """After version 0 a step feeds no base words to a digest and makes no full copy
     of the weights: the previous copy's digests are kept from the step before, and
     the copy is brought forward by the link's changed words."""
-    from wdelta import pipeline
     from wdelta.chain import live
+    from wdelta.ops import pipeline
 
     c = new_chain(tmp_path)
     pub = chain.Publisher(c)
@@ -374,7 +374,7 @@ def test_publish_failures_keep_or_drop_the_previous_copy(
     """A refused append publishes nothing and keeps the copy (the next step diffs
     against it); a copy that cannot be brought forward after its version was
     published is dropped, and publishing resumes with ``previous=``."""
-    from wdelta import inplace
+    from wdelta.ops import inplace
 
     c = new_chain(tmp_path)
     pub = chain.Publisher(c)

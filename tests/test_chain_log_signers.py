@@ -9,9 +9,10 @@ from pathlib import Path
 
 from signkit import key, signed_chain
 from wdelta import chain
-from wdelta.chain.manifest import MAX_MANIFEST, revision_key
+from wdelta.chain.manifest import revision_key
 from wdelta.chain.trust import signature_key
-from wdelta.digest import digest_bytes
+from wdelta.format.digest import digest_bytes
+from wdelta.limits import MAX_MANIFEST_BYTES
 
 WDELTA = [sys.executable, "-m", "wdelta", "chain"]
 
@@ -31,7 +32,7 @@ def test_log_names_the_signers_of_every_revision(tmp_path: Path) -> None:
     chain.append(plain, s.next_checkpoint(), s.ckpts[2])
     # Revision 4 gets revision 3's signature object, moved: found, but it binds revision 3.
     storage = chain.open_storage(str(s.store))
-    digests = [digest_bytes(storage.read(revision_key(r), MAX_MANIFEST)) for r in (3, 4)]
+    digests = [digest_bytes(storage.read(revision_key(r), MAX_MANIFEST_BYTES)) for r in (3, 4)]
     moved = s.store / signature_key(digests[1], alice)
     moved.parent.mkdir()
     shutil.copy(s.store / signature_key(digests[0], alice), moved)

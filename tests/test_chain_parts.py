@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import wdelta
-from wdelta import chain, schemas
+from wdelta import chain
 from wdelta.chain.errors import ChainBrokenError, ManifestInvalidError
 from wdelta.chain.live import weights_digest
 from wdelta.chain.local import digest_of_path
 from wdelta.chain.manifest import (
-    MAX_MANIFEST,
+    MAX_MANIFEST_BYTES,
     LinkPart,
     delta_key,
     parse_manifest,
@@ -26,7 +26,8 @@ from wdelta.chain.parts import mark_part
 from wdelta.chain.store import file_digest
 from wdelta.checkpoint.source import open_checkpoint
 from wdelta.errors import HeaderInvalidError, UnsupportedFeatureError
-from wdelta.inspect import summarize
+from wdelta.format import schemas
+from wdelta.ops.summary import summarize
 
 
 def weights(seed: int) -> dict[str, Any]:
@@ -187,7 +188,7 @@ def test_sets_that_are_not_the_link(tmp_path: Path) -> None:
 
 def test_manifest_rules(tmp_path: Path) -> None:
     c, _ = published(tmp_path, steps=1)
-    doc = json.loads(c.storage.read(revision_key(2), MAX_MANIFEST))
+    doc = json.loads(c.storage.read(revision_key(2), MAX_MANIFEST_BYTES))
     plain = dict(doc, required_features=[])
     with pytest.raises(ManifestInvalidError, match="multi-part-links"):
         parse_manifest(json.dumps(plain).encode())

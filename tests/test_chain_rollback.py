@@ -25,8 +25,8 @@ from wdelta import chain
 from wdelta.chain import acceptance
 from wdelta.chain.acceptance import Accepted, Tracker
 from wdelta.chain.manifest import Manifest, revision_key
-from wdelta.digest import digest_bytes
 from wdelta.errors import WdeltaError
+from wdelta.format.digest import digest_bytes
 
 WDELTA = Path(sys.executable).parent / "wdelta"
 ENV = {**os.environ, "PYTHONPATH": str(Path(wdelta.__file__).resolve().parent.parent)}

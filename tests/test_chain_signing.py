@@ -19,8 +19,8 @@ from signkit import FAR, forged_root, key, root_file, signed_chain
 from wdelta import chain
 from wdelta.chain import signing, trust
 from wdelta.chain.trust import Trust, revision_payload, sign_revision, signature_key
-from wdelta.digest import digest_bytes
 from wdelta.errors import BadArgumentError, WdeltaError
+from wdelta.format.digest import digest_bytes
 
 
 def test_canonical_form_is_sorted_compact_ascii() -> None:

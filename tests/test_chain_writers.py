@@ -22,11 +22,12 @@ from signkit import FAR, PAST, Signed, key, root_file, signed_chain
 from wdelta import chain
 from wdelta.chain import signing
 from wdelta.chain.local import digest_of_path
-from wdelta.chain.manifest import MAX_MANIFEST, revision_key
+from wdelta.chain.manifest import revision_key
 from wdelta.chain.storage.base import ObjectInfo, Storage
 from wdelta.chain.trust import Trust, signature_key
-from wdelta.digest import digest_bytes
 from wdelta.errors import StorageError, WdeltaError
+from wdelta.format.digest import digest_bytes
+from wdelta.limits import MAX_MANIFEST_BYTES
 
 WDELTA = [sys.executable, "-m", "wdelta", "chain"]
 
@@ -64,7 +65,7 @@ def test_a_race_loser_signs_nothing_an_attacker_could_plant(tmp_path: Path) -> N
                  lambda: chain.append(s.writer(signers=["alice"]), mine, base))  # fmt: skip
     loser = chain.Chain(race, tmp_path / "bcache", trust=s.root, sign=[key("bob")])
     chain.append(loser, theirs, base)  # lost revision 3 to alice, published as 4
-    assert race.lost is not None and genuine.read(revision_key(3), MAX_MANIFEST) != race.lost
+    assert race.lost is not None and genuine.read(revision_key(3), MAX_MANIFEST_BYTES) != race.lost
     assert genuine.list(f"signatures/{digest_bytes(race.lost)}/") == []  # never signed
     # The attacker rebuilds the loser's revision 3 and serves it before the winner's.
     evil = tmp_path / "evil"
@@ -81,7 +82,7 @@ def test_a_race_loser_signs_nothing_an_attacker_could_plant(tmp_path: Path) -> N
     assert s.node.read_bytes() == theirs.read_bytes()
     policy = Trust.from_file(s.root)
     for r in (3, 4):
-        assert policy.check_revision(genuine, r, genuine.read(revision_key(r), MAX_MANIFEST))
+        assert policy.check_revision(genuine, r, genuine.read(revision_key(r), MAX_MANIFEST_BYTES))
 
 
 class _SignedMeanwhile(Wrapped):
@@ -105,7 +106,7 @@ def _unsigned_head(s: Signed) -> tuple[int, bytes]:
     storing them, or stopped before it could)."""
     chain.append(chain.Chain(s.store, s.tmp / "ucache"), s.next_checkpoint(), s.ckpts[1])
     storage = chain.LocalStorage(s.store)
-    return 3, storage.read(revision_key(3), MAX_MANIFEST)
+    return 3, storage.read(revision_key(3), MAX_MANIFEST_BYTES)
 
 
 def test_a_writer_waits_for_the_signatures_of_a_new_head(tmp_path: Path) -> None:
@@ -185,7 +186,7 @@ def test_a_revision_whose_creation_is_unknown_is_not_signed(tmp_path: Path) -> N
         chain.append(w, new, s.ckpts[1])
     assert info.value.category == "io-error" and "was created is unknown" in str(info.value)
     assert f"--expect-revision 3 --expect-digest {digest_of_path(new)}'" in str(info.value)
-    data = chain.LocalStorage(s.store).read(revision_key(3), MAX_MANIFEST)
+    data = chain.LocalStorage(s.store).read(revision_key(3), MAX_MANIFEST_BYTES)
     assert not (s.store / "signatures" / digest_bytes(data)).exists()
     refused_pull(s, "signature-invalid")
 
@@ -228,7 +229,7 @@ def test_a_writer_refuses_signatures_nodes_would_refuse_before_uploading(
     first = s.root  # the trust file of a writer that starts a new chain
     if case == "revoked":  # root 2 drops alice; a new chain's root never had her
         _rotated(s, ["bob"])
-        head = chain.LocalStorage(s.store).read(revision_key(2), MAX_MANIFEST)  # bob vouches
+        head = chain.LocalStorage(s.store).read(revision_key(2), MAX_MANIFEST_BYTES)  # bob vouches
         Trust.from_file(s.root).sign(chain.LocalStorage(s.store), 2, head, [key("bob")], FAR)
         first = tmp_path / "bob-root.json"
         root_file(first, "test/run", ["bob"])
@@ -277,7 +278,7 @@ def cosigned(tmp_path: Path) -> Signed:
 
 
 def _bob_signed(s: Signed) -> bool:
-    data = chain.LocalStorage(s.store).read(revision_key(3), MAX_MANIFEST)
+    data = chain.LocalStorage(s.store).read(revision_key(3), MAX_MANIFEST_BYTES)
     return (s.store / signature_key(digest_bytes(data), key("bob").public.keyid)).exists()
 
 

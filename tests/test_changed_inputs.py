@@ -18,8 +18,8 @@ from safetensors.numpy import save_file
 import wdelta
 from kit import leftovers
 from wdelta.checkpoint import source
-from wdelta.container import DeltaFile
 from wdelta.errors import CheckpointInvalidError, TruncatedError
+from wdelta.format.container import DeltaFile
 
 
 def _pair(tmp_path: Path) -> tuple[Path, Path]:

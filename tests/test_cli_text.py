@@ -17,8 +17,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from test_cli import ENV, assert_error, run
-from wdelta import cli
-from wdelta.cli_flags import API_TO_FLAG, in_flags
+from wdelta.cli import delta as cli
+from wdelta.cli.flags import API_TO_FLAG, in_flags
 
 REFERENCE = Path(cli.__file__).resolve().parent
 
@@ -125,9 +125,9 @@ def test_existing_output_names_force(pair: tuple[Path, Path], tmp_path: Path) ->
 def test_header_limit_remedies_name_flags(pair: tuple[Path, Path], tmp_path: Path) -> None:
     """The encoder's header-size refusal through the CLI (the limit lowered in the child)."""
     code = (
-        "import sys, wdelta.encoder, wdelta.cli\n"
-        "wdelta.encoder.MAX_HEADER_BYTES = 200\n"
-        "sys.exit(wdelta.cli.run(sys.argv[1:]))\n"
+        "import sys, wdelta.ops.encoder, wdelta.cli.delta\n"
+        "wdelta.ops.encoder.MAX_HEADER_BYTES = 200\n"
+        "sys.exit(wdelta.cli.delta.run(sys.argv[1:]))\n"
     )
     argv = ["diff", *map(str, pair), "-o", str(tmp_path / "d.wdelta"), "--compat"]
     result = subprocess.run([sys.executable, "-c", code, *argv, "--chunk-elements", "64"],

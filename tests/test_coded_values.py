@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import wdelta
 from kit import RawTensor, safetensors_bytes
 from test_cli import assert_ok, run
-from wdelta.encodings import chunk, codec, leb128, sparse, values
+from wdelta.codec import chunk, codec, leb128, sparse, values
 from wdelta.errors import EncodingInvalidError, IndexOutOfRangeError, WdeltaError
 
 WIDTHS = (np.uint8, np.uint16, np.uint32, np.uint64)
@@ -269,7 +269,7 @@ def test_cli_diff_codes_values_by_default_and_compat_does_not(tmp_path: Path) ->
 def test_a_reader_without_the_feature_refuses_coded_values(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from wdelta import header as header_module
+    from wdelta.format import header as header_module
 
     base, target = _skewed_pair(tmp_path)
     delta = wdelta.diff(base, target, tmp_path / "d.wdelta")

@@ -19,8 +19,8 @@ import pytest
 import wdelta
 from kit import RawTensor, safetensors_bytes, write_sharded
 from test_cli import assert_error, assert_ok, run
-from wdelta import header as header_module
-from wdelta import inline_blobs, jsoncost
+from wdelta.format import header as header_module
+from wdelta.format import inline_blobs, jsoncost
 
 BASE = {"w": RawTensor("F32", (6,), np.arange(6, dtype="<f4").tobytes()),
         "b": RawTensor("I8", (3,), b"\x01\x02\x03")}  # fmt: skip
@@ -38,7 +38,7 @@ def _header(delta: Path) -> dict[str, Any]:
 def _canonical(tensors: dict[str, RawTensor], metadata: dict[str, str] | None) -> bytes:
     """The file the safetensors serializer writes (the canonical header of §4.11)."""
     from wdelta.checkpoint.safetensors_header import build_header
-    from wdelta.dtypes import DTYPES
+    from wdelta.format.dtypes import DTYPES
 
     layout = build_header([(n, DTYPES[t.dtype], t.shape) for n, t in tensors.items()], metadata)
     header = layout.header_text.encode()
@@ -179,7 +179,7 @@ def test_a_compact_header_over_the_parse_budget_is_written_in_the_v1_form(
 
 def test_cli_verify_names_a_compact_rule(tmp_path: Path) -> None:
     """C3 through the CLI: a base file that says same_as_base."""
-    from wdelta.container import pack_prefix
+    from wdelta.format.container import pack_prefix
 
     base, target = _pair(tmp_path, _canonical(BASE, None), _canonical(TARGET, None))
     delta = wdelta.diff(base, target, tmp_path / "d.wdelta")

@@ -22,7 +22,7 @@ from types import ModuleType
 
 import pytest
 
-from wdelta import cli, schemas
+from wdelta.cli import delta as cli
 from wdelta.conformance import (
     Manifest,
     Options,
@@ -38,6 +38,7 @@ from wdelta.conformance.impl import Outcome, category_of
 from wdelta.conformance.manifest import CHAIN_CATEGORIES, PROFILES
 from wdelta.conformance.writer import header_text_violations
 from wdelta.errors import CATEGORIES, BadArgumentError, WdeltaError
+from wdelta.format import schemas
 
 REPO = Path(__file__).resolve().parents[1]
 VECTORS = REPO / "conformance"

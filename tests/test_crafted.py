@@ -31,7 +31,7 @@ from kit import (
     safetensors_bytes,
     zstd_frame,
 )
-from wdelta.container import pack_prefix
+from wdelta.format.container import pack_prefix
 
 # Not a multiple of 8, so that full chunks have bitmap padding bits; F32 chunks
 # of this size are over 64 KiB, so that the encoder's choices below hold for any

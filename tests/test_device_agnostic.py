@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import wdelta
-from wdelta import chain, tensors
+from wdelta import chain
+from wdelta.ops import tensors
 
 torch = pytest.importorskip("torch")
 

@@ -1,6 +1,6 @@
 """Chunk-level encodings against a pure-Python reading of the format.
 
-Each function of ``wdelta.encodings`` (transforms, byte planes, Rice and bitmap
+Each function of ``wdelta.codec`` (transforms, byte planes, Rice and bitmap
 position codings, the sparse payload, the per-chunk encoder/decoder and the
 blob codec) is checked with Hypothesis for every word size: round trips,
 byte-for-byte agreement with an independent reference encoder written from
@@ -30,7 +30,7 @@ from kit import (
     word_dtype,
     zstd_frame,
 )
-from wdelta.encodings import chunk, codec, estimate, planes, positions, sparse, transform
+from wdelta.codec import chunk, codec, estimate, planes, positions, sparse, transform
 from wdelta.errors import (
     EncodingInvalidError,
     IndexOutOfRangeError,

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from wdelta import chain, engines
+from wdelta import chain
 from wdelta.errors import WdeltaError
+from wdelta.ops import engines
 
 torch = pytest.importorskip("torch")
 

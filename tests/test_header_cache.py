@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 import wdelta
-from wdelta import gc_pause
 from wdelta.checkpoint import safetensors_header as sh
-from wdelta.dtypes import DTYPES
 from wdelta.errors import CheckpointInvalidError, WdeltaError
+from wdelta.format.dtypes import DTYPES
+from wdelta.io import gc_pause
 
 
 @pytest.fixture

@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 import wdelta
 from kit import Delta, RawTensor, safetensors_bytes, write_sharded
 from test_cli import ENV, assert_error, run
-from wdelta import jsoncost, strictjson
 from wdelta.chain.errors import ManifestInvalidError
 from wdelta.chain.manifest import parse_manifest
-from wdelta.container import pack_prefix
+from wdelta.format import jsoncost, strictjson
+from wdelta.format.container import pack_prefix
+from wdelta.limits import JSON_BYTES_FACTOR
 
 HUGE = b"7" * 5000
 TENSORS = {"a": RawTensor("F32", (4,), bytes(16))}
@@ -166,7 +167,7 @@ def test_the_estimate_bounds_what_parsing_allocates(shape: str) -> None:
     estimate = jsoncost.parse_cost(jsoncost.scan(data), data)
     assert peak <= estimate
     # Dense hostile shapes are refused; a legal header's densest entries are not.
-    assert (estimate <= jsoncost.PER_BYTE * len(data)) == (shape in {"chunks", "zeros"})
+    assert (estimate <= JSON_BYTES_FACTOR * len(data)) == (shape in {"chunks", "zeros"})
 
 
 _RSS_PROBE = """

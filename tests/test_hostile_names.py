@@ -17,8 +17,8 @@ import pytest
 import wdelta
 from kit import RawTensor, leftovers, safetensors_bytes, tree_hashes
 from test_cli import assert_error, assert_ok, run
-from wdelta import cli
 from wdelta.checkpoint.source import is_index_name, is_shard_name, open_checkpoint
+from wdelta.cli import delta as cli
 
 BASE = {"a": RawTensor("F32", (4,), bytes(16))}
 TARGET = {"a": RawTensor("F32", (4,), bytes(15) + b"x")}

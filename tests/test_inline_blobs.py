@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 import wdelta
 from kit import RawTensor, leftovers, random_words, safetensors_bytes
 from test_cli import assert_error, run
-from wdelta import header as header_module
-from wdelta import inline_blobs, schemas
-from wdelta.container import pack_prefix
+from wdelta.format import header as header_module
+from wdelta.format import inline_blobs, schemas
+from wdelta.format.container import pack_prefix
+from wdelta.limits import MAX_INLINE_BYTES
 
 ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
@@ -172,7 +173,7 @@ def test_a_reader_without_the_feature_refuses_by_name(
         wdelta.verify(delta)
 
 
-@given(st.binary(min_size=1, max_size=inline_blobs.MAX_BYTES))
+@given(st.binary(min_size=1, max_size=MAX_INLINE_BYTES))
 def test_every_blob_has_one_spelling_that_the_schema_accepts(blob: bytes) -> None:
     text = inline_blobs.encode(blob)
     checker = schemas.compiled_checker("delta-header", "compact_chunk")

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wdelta
-from wdelta import pipeline, tensors
-from wdelta.container import open_delta
+from wdelta.format.container import open_delta
+from wdelta.ops import pipeline, tensors
 
 torch = pytest.importorskip("torch")
 
@@ -355,7 +355,7 @@ def test_output_digest_mismatch_restores(tmp_path: Path, monkeypatch: pytest.Mon
     crafted or miswritten delta would): the tensors written before it are rolled back."""
     import dataclasses
 
-    from wdelta import decoder
+    from wdelta.ops import decoder
 
     base = model(0)
     delta = make_delta(tmp_path, base, step(base, 1, 0.3))

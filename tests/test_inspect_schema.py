@@ -10,9 +10,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from wdelta import schemas
-from wdelta.container import open_delta
-from wdelta.inspect import summarize
+from wdelta.format import schemas
+from wdelta.format.container import open_delta
+from wdelta.ops.summary import summarize
 
 VECTORS = Path(__file__).resolve().parents[1] / "conformance" / "vectors" / "delta" / "valid"
 

@@ -15,7 +15,7 @@ _PROBE = """
 import resource, sys
 import numpy as np
 import wdelta
-from wdelta.malloc_tuning import keep_chunk_buffers
+from wdelta.io.malloc_tuning import keep_chunk_buffers
 tuned = keep_chunk_buffers() if sys.argv[1] == "1" else False
 rng = np.random.default_rng(0)
 base = {f"w{i}": rng.integers(0, 1 << 16, 1 << 22, dtype=np.uint16) for i in range(4)}

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 import wdelta
 from kit import RawTensor, leftovers, safetensors_bytes, tree_hashes, write_sharded
 from test_cli import assert_error, run
-from wdelta import filekind
 from wdelta.errors import WdeltaError
+from wdelta.io import filekind
 
 LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"ab" * 32 + b"\nsize 4096\n"
 HTML = b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head></html>\n"

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kit import record_staged
-from wdelta import output_file
 from wdelta.errors import StorageError
-from wdelta.output_file import ALIGN, OutputFile
+from wdelta.io import output_file
+from wdelta.io.output_file import ALIGN, OutputFile
 
 SIZE = 6 * ALIGN + 3 * output_file.DIRECT_MIN_BYTES + 123
 
@@ -185,7 +185,7 @@ def test_a_signal_while_the_flush_thread_starts_leaves_it_joinable(
     thread before it is started', a traceback found by tests/test_kill.py)."""
     import signal
 
-    from wdelta import interrupts
+    from wdelta.io import interrupts
 
     start = threading.Thread.start
 

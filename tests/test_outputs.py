@@ -210,13 +210,13 @@ def test_output_created_meanwhile_is_not_replaced(
 ) -> None:
     """Another process creates the output while apply runs: the final rename refuses."""
     out = tmp_path / "o.safetensors"
-    real = wdelta.decoder.run_steps
+    real = wdelta.ops.decoder.run_steps
 
     def racing(*args: object, **kwargs: object) -> None:
         real(*args, **kwargs)  # type: ignore[arg-type]
         out.write_bytes(b"theirs")
 
-    monkeypatch.setattr(wdelta.decoder, "run_steps", racing)
+    monkeypatch.setattr(wdelta.ops.decoder, "run_steps", racing)
     with pytest.raises(wdelta.BadArgumentError, match="exists"):
         wdelta.apply(work.base, work.delta, out)
     assert out.read_bytes() == b"theirs"

@@ -17,7 +17,7 @@ import pytest
 import wdelta
 from test_cli import ENV, run
 from wdelta.chain.manifest import MANIFEST_VERSION
-from wdelta.header import FORMAT_VERSION
+from wdelta.format.header import FORMAT_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,7 +96,7 @@ def test_demo_needs_only_the_runtime_dependencies(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         f"sys.modules.update(dict.fromkeys({blocked!r}))\n"  # None: ImportError on import
-        "from wdelta.demo import main\n"
+        "from wdelta.testing.demo import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     result = subprocess.run(

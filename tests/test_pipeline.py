@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 import wdelta
 from kit import as_raw, record_staged, safetensors_bytes
-from wdelta import decoder, pipeline
 from wdelta.checkpoint.source import Scratch, Tensor
-from wdelta.output_file import ALIGN, DIRECT_MIN_BYTES, OutputFile
-from wdelta.pipeline import BATCH_ELEMENTS, ChunkTask, batch_limit, batched_map, chunk_tasks
+from wdelta.io.output_file import ALIGN, DIRECT_MIN_BYTES, OutputFile
+from wdelta.ops import decoder, pipeline
+from wdelta.ops.pipeline import BATCH_ELEMENTS, ChunkTask, batch_limit, batched_map, chunk_tasks
 
 tensor_sizes = st.lists(st.integers(0, 50), max_size=30)
 
@@ -190,7 +190,7 @@ def test_only_tensors_of_one_chunk_skip_the_sequencer(sizes: list[int], chunk: i
         if not task.digests.single:
             multi.add(task.digests.stream)
         if task.last:
-            expected = wdelta.digest.digest_bytes(data[task.item].tobytes())
+            expected = wdelta.format.digest.digest_bytes(data[task.item].tobytes())
             assert task.digests.hexdigest(seq, 0) == expected
     assert {stream for stream, _ in turns} == multi
 

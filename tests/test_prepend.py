@@ -1,4 +1,4 @@
-"""Prefix and header put in front of already written blobs (wdelta.prepend, SPEC §4.1).
+"""Prefix and header put in front of already written blobs (wdelta.io.prepend, SPEC §4.1).
 
 ``diff`` writes the data section first.  Where fallocate can insert a range,
 the header is padded so that the data starts on a 4096-byte boundary and
@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wdelta
-import wdelta.encoder
-import wdelta.prepend as prepend
+import wdelta.io.prepend as prepend
+import wdelta.ops.encoder
 from kit import RawTensor, safetensors_bytes
 
 
@@ -148,7 +148,7 @@ def test_large_delta_either_path(
         monkeypatch.setattr(prepend, "_fallocate", lambda: _failing(errno.EOPNOTSUPP))
     delta = wdelta.diff(base, target, tmp_path / "d.wdelta", chunk_elements=65536)
     n, d, data = _layout(delta)
-    assert d >= wdelta.encoder.INSERT_MIN_DATA_BYTES == 1 << 22
+    assert d >= wdelta.ops.encoder.INSERT_MIN_DATA_BYTES == 1 << 22
     header = delta.read_bytes()[64 : 64 + n]
     padding = len(header) - len(header.rstrip(b" "))
     if insert:
@@ -180,7 +180,7 @@ def test_small_delta_keeps_short_padding(elements: int, tmp_path: Path) -> None:
 def test_header_over_the_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The encoder never writes a file whose header a reader must refuse."""
     base, target = _pair(tmp_path, 1000)
-    monkeypatch.setattr(wdelta.encoder, "MAX_HEADER_BYTES", 500)
+    monkeypatch.setattr(wdelta.ops.encoder, "MAX_HEADER_BYTES", 500)
     with pytest.raises(wdelta.LimitExceededError) as info:
         wdelta.diff(base, target, tmp_path / "d.wdelta", chunk_elements=16)
     assert info.value.category == "limit-exceeded"
@@ -196,7 +196,7 @@ def test_header_over_the_limit_names_the_remedy_that_applies(
     """Tensors of one chunk each: larger chunks would not help; the compact form would,
     when it was not asked for."""
     base, target = _pair(tmp_path, 1000)
-    monkeypatch.setattr(wdelta.encoder, "MAX_HEADER_BYTES", 300)
+    monkeypatch.setattr(wdelta.ops.encoder, "MAX_HEADER_BYTES", 300)
     with pytest.raises(wdelta.LimitExceededError, match="over the format's limit") as info:
         wdelta.diff(base, target, tmp_path / "d.wdelta", compact=compact)
     message = str(info.value)

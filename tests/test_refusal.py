@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wdelta
-import wdelta.api
+import wdelta.ops.api
 from kit import (
     PREFIX,
     Delta,
@@ -343,8 +343,8 @@ def no_output_opened(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("an output was opened before the input was checked")
 
-    monkeypatch.setattr(wdelta.api, "atomic_file", forbidden)
-    monkeypatch.setattr(wdelta.api, "atomic_folder", forbidden)
+    monkeypatch.setattr(wdelta.ops.api, "atomic_file", forbidden)
+    monkeypatch.setattr(wdelta.ops.api, "atomic_folder", forbidden)
 
 
 def _variant(case: Case, change: str) -> Path:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wdelta import schemas
+from wdelta.format import schemas
 
 DIGEST = "ab" * 32
 _scalars = st.one_of(

@@ -16,9 +16,9 @@ import pytest
 
 import wdelta
 from kit import checkpoint_digest, ref_planes, ref_sparse, ref_transform, tensor_digest
-from wdelta.digest import TensorIdentity
-from wdelta.digest import checkpoint_digest as library_digest
-from wdelta.encodings import planes, sparse, transform
+from wdelta.codec import planes, sparse, transform
+from wdelta.format.digest import TensorIdentity
+from wdelta.format.digest import checkpoint_digest as library_digest
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import wdelta
-from wdelta import synthetic
 from wdelta.errors import BadArgumentError
+from wdelta.testing import synthetic
 
 TINY = synthetic.ModelSpec(hidden=128, layers=2, intermediate=384, vocab=512, kv_hidden=32)
 TINY_FP8 = synthetic.ModelSpec(128, 2, 384, 512, 32, fp8=True)

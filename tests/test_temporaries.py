@@ -17,7 +17,7 @@ import pytest
 import wdelta
 from kit import RawTensor, leftovers, random_words, safetensors_bytes, tree_hashes
 from test_cli import ENV, WDELTA
-from wdelta import atomic
+from wdelta.io import atomic
 
 
 def _dead_pid() -> int:
@@ -125,7 +125,7 @@ def test_signal_mid_write_removes_the_temporary(
 
 def test_a_signal_during_creation_is_raised_after_it() -> None:
     """The window between creating a temporary and recording it for cleanup is closed."""
-    from wdelta import interrupts
+    from wdelta.io import interrupts
 
     done, before = [], signal.getsignal(signal.SIGTERM)
     with interrupts.as_exceptions(), pytest.raises(interrupts.Interrupted) as caught:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import wdelta
 from kit import Delta, RawTensor, safetensors_bytes
 from test_cli import assert_error, assert_ok, run
-from wdelta.terminal import printable
+from wdelta.cli.terminal import printable
 
 HOSTILE = ["\x1b[2J\x1b[31mred", "ok\rforged row", "\u202eevil", "c1\x9b31m", "tab\there", "\x7f"]
 

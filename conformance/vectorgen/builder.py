@@ -21,8 +21,8 @@ from typing import Any
 import blake3
 import zstandard
 
-from wdelta.container import pack_prefix
-from wdelta.digest import TensorIdentity, checkpoint_digest
+from wdelta.format.container import pack_prefix
+from wdelta.format.digest import TensorIdentity, checkpoint_digest
 
 from . import payload
 from .checkpoints import Checkpoint, TensorData

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from wdelta.checkpoint.safetensors_header import build_header, parse_header
-from wdelta.dtypes import DTYPES
+from wdelta.format.dtypes import DTYPES
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from wdelta.dtypes import DTYPES
+from wdelta.format.dtypes import DTYPES
 
 FEATURE = "compact-header"
 ENTRY = {"name": "n", "op": "o", "dtype": "d", "shape": "s", "base_digest": "b",

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 import wdelta
-from wdelta.dtypes import DTYPES
+from wdelta.format.dtypes import DTYPES
 
 from . import checkpoints as ck
 from .common import Pair

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from wdelta.checkpoint.safetensors_header import build_header
-from wdelta.dtypes import DTYPES
+from wdelta.format.dtypes import DTYPES
 
 from . import checkpoints as ck
 from .builder import Delta, build

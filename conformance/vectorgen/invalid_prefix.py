@@ -6,7 +6,7 @@ import struct
 
 import blake3
 
-from wdelta.container import MAGIC, PREFIX
+from wdelta.format.container import MAGIC, PREFIX
 
 from .host import Host
 

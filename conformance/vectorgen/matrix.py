@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wdelta.dtypes import DTYPES
+from wdelta.format.dtypes import DTYPES
 
 from . import checkpoints as ck
 from .builder import ChunkPlan, build

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from wdelta.dtypes import DTYPES
+from wdelta.format.dtypes import DTYPES
 
 from .rand import random_bytes, random_mask, random_words
 

@@ -14,9 +14,7 @@ Every failure raises a :class:`WdeltaError` subclass with a stable
 """
 
 from ._version import __version__
-from .api import apply, diff, verify
 from .checkpoint.source import Checkpoint, from_arrays, open_checkpoint
-from .container import DeltaFile, open_delta
 from .errors import (
     CATEGORIES,
     BadArgumentError,
@@ -37,10 +35,12 @@ from .errors import (
     UnsupportedVersionError,
     WdeltaError,
 )
-from .header import Chunk, Header, TensorEntry
-from .inplace import apply_inplace
-from .inspect import DeltaSummary, summarize
-from .stream import ChunkChange, changed_tensors, changes, verify_weights
+from .format.container import DeltaFile, open_delta
+from .format.header import Chunk, Header, TensorEntry
+from .ops.api import apply, diff, verify
+from .ops.inplace import apply_inplace
+from .ops.stream import ChunkChange, changed_tensors, changes, verify_weights
+from .ops.summary import DeltaSummary, summarize
 
 __all__ = [
     "CATEGORIES",

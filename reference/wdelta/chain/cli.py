@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..atomic import temp_dir
-from ..cli_flags import in_flags
+from ..cli.flags import in_flags
+from ..cli.terminal import printable
 from ..errors import BadArgumentError, WdeltaError
-from ..terminal import printable
+from ..io.atomic import temp_dir
 from . import acceptance, ops
 from .backoff import Backoff
 from .cachegc import gc_chain

@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from ..arguments import PathLike, as_path
-from ..atomic import temp_dir
 from ..checkpoint.source import Checkpoint, Scratch, Tensor, Words, open_checkpoint
-from ..container import DeltaFile, open_delta
-from ..decoder import check_input
-from ..encoder import DiffOptions, diff_checkpoints
-from ..encodings import chunk as chunk_codec
+from ..codec import chunk as chunk_codec
 from ..errors import BadArgumentError
+from ..format.container import DeltaFile, open_delta
+from ..io.atomic import temp_dir
+from ..ops.arguments import PathLike, as_path
+from ..ops.decoder import check_input
+from ..ops.encoder import DiffOptions, diff_checkpoints
 from . import graph
 from .errors import ChainBrokenError, ConflictError
 from .fetch import fetch_link

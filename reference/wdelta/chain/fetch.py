@@ -6,11 +6,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .. import rename
-from ..atomic import temp_name
-from ..container import open_delta
 from ..errors import StorageError
-from ..header import Header
+from ..format.container import open_delta
+from ..format.header import Header
+from ..io import rename
+from ..io.atomic import temp_name
 from .errors import ChainBrokenError
 from .local import digest_of_path
 from .manifest import Link, Manifest, Snapshot

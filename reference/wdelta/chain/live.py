@@ -35,9 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from .. import api
-from .. import tensors as live
-from ..arguments import (
+from ..checkpoint.safetensors_header import build_header
+from ..checkpoint.source import Checkpoint, Words, open_checkpoint
+from ..errors import BadArgumentError, BaseMismatchError, StorageError, WdeltaError
+from ..format.container import open_delta
+from ..format.digest import TensorIdentity, checkpoint_digest
+from ..format.dtypes import to_numpy
+from ..io.atomic import atomic_file
+from ..io.output_file import pwrite_all
+from ..limits import MAX_CHUNK_ELEMENTS
+from ..ops import api
+from ..ops import tensors as live
+from ..ops.arguments import (
     PathLike,
     as_path,
     check_int,
@@ -45,20 +54,11 @@ from ..arguments import (
     check_optional_int,
     check_seconds,
 )
-from ..atomic import atomic_file
-from ..checkpoint.safetensors_header import build_header
-from ..checkpoint.source import Checkpoint, Words, open_checkpoint
-from ..container import open_delta
-from ..decoder import init_file
-from ..digest import TensorIdentity, checkpoint_digest
-from ..dtypes import to_numpy
-from ..encoder import DiffOptions, diff_checkpoints
-from ..errors import BadArgumentError, BaseMismatchError, StorageError, WdeltaError
-from ..header import MAX_CHUNK_ELEMENTS
-from ..inplace import apply_inplace, apply_opened, apply_unchecked
-from ..output_file import pwrite_all
-from ..pipeline import ordered_map, runs_locally
-from ..tensors import Select, Slot
+from ..ops.decoder import init_file
+from ..ops.encoder import DiffOptions, diff_checkpoints
+from ..ops.inplace import apply_inplace, apply_opened, apply_unchecked
+from ..ops.pipeline import ordered_map, runs_locally
+from ..ops.tensors import Select, Slot
 from . import cachegc, graph, parts
 from .acceptance import Tracker
 from .errors import ChainBrokenError, NotFoundError

@@ -19,16 +19,17 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import schemas, strictjson
 from .._version import CHAIN_MANIFEST_VERSION, __version__
-from ..arguments import as_path
-from ..digest import digest_bytes
 from ..errors import (
     BadArgumentError,
     LimitExceededError,
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
+from ..format import schemas, strictjson
+from ..format.digest import digest_bytes
+from ..limits import MAX_MANIFEST_BYTES
+from ..ops.arguments import as_path
 from . import graph
 from .errors import ChainBrokenError, ManifestInvalidError, NotFoundError
 from .smallfile import open_regular, read_bounded
@@ -39,7 +40,6 @@ MANIFEST_VERSION = CHAIN_MANIFEST_VERSION
 MULTI_PART = "multi-part-links"
 KNOWN_FEATURES: frozenset[str] = frozenset({MULTI_PART})
 MANIFEST_PREFIX = "manifests/"
-MAX_MANIFEST = 100_000_000  # bytes of one revision (SPEC.md §13), as a delta header
 _REV_DIGITS = 12
 # Shorter references are version numbers; a digest prefix this long is
 # practically never all decimal digits (p < 0.001).
@@ -378,7 +378,9 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     try:
         fd = open_regular(p, lambda why: BadArgumentError(f"{p}: {why}"))
         try:
-            data = read_bounded(fd, MAX_MANIFEST, lambda why: LimitExceededError(f"{p}: {why}"))
+            data = read_bounded(
+                fd, MAX_MANIFEST_BYTES, lambda why: LimitExceededError(f"{p}: {why}")
+            )
         finally:
             os.close(fd)
     except OSError as exc:

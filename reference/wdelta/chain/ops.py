@@ -11,18 +11,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .. import api
-from ..arguments import PathLike, as_path, check_optional_int, check_str_mapping
-from ..atomic import temp_dir
-from ..container import open_delta
-from ..digest import digest_bytes, file_sha256
 from ..errors import BadArgumentError, BaseMismatchError
+from ..format.container import open_delta
+from ..format.digest import digest_bytes, file_sha256
+from ..io.atomic import temp_dir
+from ..limits import MAX_MANIFEST_BYTES
+from ..ops import api
+from ..ops.arguments import PathLike, as_path, check_optional_int, check_str_mapping
 from . import parts
 from .errors import ChainBrokenError, ConflictError, ManifestInvalidError
 from .fetch import fetch_link, materialize_snapshot
 from .local import checkpoint_files, digest_of_path
 from .manifest import (
-    MAX_MANIFEST,
     Link,
     LinkPart,
     Manifest,
@@ -226,7 +226,7 @@ def verify(
     m = chain.head()
     previous: tuple[int, bytes] | None = None
     for r in chain.revisions():
-        data = chain.storage.read(revision_key(r), MAX_MANIFEST)
+        data = chain.storage.read(revision_key(r), MAX_MANIFEST_BYTES)
         rev = parse_manifest(data, expected_revision=r)
         want = None if previous is None else (previous[0], digest_bytes(previous[1]))
         if want is not None and want[0] == r - 1 and rev.parent != want:

@@ -17,14 +17,10 @@ from typing import Protocol
 
 import blake3
 
-from ..atomic import atomic_file
 from ..checkpoint.safetensors_header import build_header
 from ..checkpoint.source import Checkpoint, Words, open_checkpoint
-from ..container import PREFIX_SIZE, parse_prefix
-from ..decoder import Step, check_digests, init_file, plan_steps
-from ..digest import new_hasher
-from ..encodings import chunk as chunk_codec
-from ..encodings import codec
+from ..codec import chunk as chunk_codec
+from ..codec import codec
 from ..errors import (
     BaseMismatchError,
     ChecksumMismatchError,
@@ -33,9 +29,13 @@ from ..errors import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
-from ..filekind import naming
-from ..header import Chunk, Header, parse_header
-from ..output_file import pwrite_all
+from ..format.container import PREFIX_SIZE, parse_prefix
+from ..format.digest import new_hasher
+from ..format.header import Chunk, Header, parse_header
+from ..io.atomic import atomic_file
+from ..io.filekind import naming
+from ..io.output_file import pwrite_all
+from ..ops.decoder import Step, check_digests, init_file, plan_steps
 from .local import TENSORS_KEY, VERSION_KEY
 from .manifest import Link
 from .storage.base import Progress, Storage

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..atomic import atomic_file
-from ..checkpoint.safetensors_header import MAX_HEADER_BYTES, build_header, parse_header
 from ..checkpoint.safetensors_header import TensorLayout as Layout
-from ..decoder import init_file
-from ..digest import TensorIdentity, checkpoint_digest, new_hasher
+from ..checkpoint.safetensors_header import build_header, parse_header
 from ..errors import ChecksumMismatchError, DeltaFormatError
-from ..header import Header
-from ..output_file import pwrite_all
+from ..format.digest import TensorIdentity, checkpoint_digest, new_hasher
+from ..format.header import Header
+from ..io.atomic import atomic_file
+from ..io.output_file import pwrite_all
+from ..limits import MAX_INPUT_HEADER_BYTES
+from ..ops.decoder import init_file
 from .errors import ChainBrokenError
 from .fetch import check_link_header
 from .local import TENSORS_KEY, VERSION_KEY
@@ -76,7 +77,7 @@ def _remote_layout(
 ) -> tuple[int, tuple[Layout, ...]]:
     """(data start, tensors) of a stored safetensors file, from two ranged reads."""
     n = int.from_bytes(storage.read_range(key, 0, 8), "little")
-    if n > MAX_HEADER_BYTES or 8 + n > size:
+    if n > MAX_INPUT_HEADER_BYTES or 8 + n > size:
         raise ChainBrokenError(f"{key}: safetensors header of {n} bytes does not fit the file")
     layout = parse_header(storage.read_range(key, 8, n))
     if progress is not None:

@@ -24,16 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_file
 from ..checkpoint.safetensors_header import build_header
 from ..checkpoint.source import open_checkpoint
-from ..container import PREFIX_SIZE, open_delta, pack_prefix
-from ..decoder import Step, init_file, plan_steps
-from ..digest import checkpoint_digest, new_hasher
 from ..errors import BaseMismatchError, StorageError
-from ..header import Header
-from ..inplace import apply_opened
-from ..output_file import pwrite_all
+from ..format.container import PREFIX_SIZE, open_delta, pack_prefix
+from ..format.digest import checkpoint_digest, new_hasher
+from ..format.header import Header
+from ..io.atomic import atomic_file
+from ..io.output_file import pwrite_all
+from ..ops.decoder import Step, init_file, plan_steps
+from ..ops.inplace import apply_opened
 from .errors import ChainBrokenError
 from .fetch import fetch_link
 from .local import READ_ELEMENTS, TENSORS_KEY, VERSION_KEY

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..header import Chunk, Header
+from ..format.header import Chunk, Header
 from .fetch import check_link_header
 from .manifest import Link, LinkPart, Manifest
 from .partial import Blobs, StoredDelta, read_remote_header

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..arguments import as_path
-from ..digest import digest_bytes
+from ..cli.terminal import printable
 from ..errors import BadArgumentError, StorageError, WdeltaError
-from ..terminal import printable
+from ..format.digest import digest_bytes
+from ..limits import MAX_DOCUMENT_BYTES, MAX_MANIFEST_BYTES
+from ..ops.arguments import as_path
 from .errors import ConflictError, NotFoundError, SignatureInvalidError
 from .local import digest_of_path
 from .manifest import (
-    MAX_MANIFEST,
     Manifest,
     Version,
     parse_manifest,
@@ -27,7 +27,6 @@ from .manifest import (
 )
 from .signing import (
     KEY_ROLES,
-    MAX_DOCUMENT,
     check_role,
     generate,
     load_public_key,
@@ -120,7 +119,7 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
         if new.version != last + 1:
             raise ConflictError(f"the chain's newest root is version {last}; {args.root} is "
                                 f"version {new.version}, not {last + 1}")  # fmt: skip
-        old = parse_root(storage.read(root_key(last), MAX_DOCUMENT), root_key(last))
+        old = parse_root(storage.read(root_key(last), MAX_DOCUMENT_BYTES), root_key(last))
         check_successor(new, old, str(args.root))
     if not storage.create(root_key(new.version), new.to_bytes()):
         raise ConflictError(f"root version {new.version} was stored meanwhile")
@@ -144,7 +143,9 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     if not revisions:
         raise NotFoundError(f"{args.url}: no chain here (no manifest revision)")
     revision = revisions[-1]  # only the head: a fresh signature of an older revision would
-    data = c.storage.read(revision_key(revision), MAX_MANIFEST)  # serve as fresh after a rollback
+    data = c.storage.read(
+        revision_key(revision), MAX_MANIFEST_BYTES
+    )  # serve as fresh after a rollback
     m = parse_manifest(data, expected_revision=revision)
     trust.update(c.storage)
     review = _review(c, trust, m)
@@ -304,7 +305,7 @@ def _found_signers(storage: Storage, digest: str) -> list[str]:
 def _signature_line(storage: Storage, trust: Trust | None, revision: int) -> str:
     """Who signed one stored revision: verified key ids with ``trust``, else those found;
     an unsigned or refused revision says so."""
-    data = storage.read(revision_key(revision), MAX_MANIFEST)
+    data = storage.read(revision_key(revision), MAX_MANIFEST_BYTES)
     found = _found_signers(storage, digest_bytes(data))
     if not found:
         return f"revision {revision} unsigned"

@@ -22,15 +22,15 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from .. import strictjson
-from ..atomic import atomic_file
 from ..errors import BadArgumentError, StorageError
+from ..format import strictjson
+from ..io.atomic import atomic_file
+from ..limits import MAX_DOCUMENT_BYTES
 from .smallfile import read_regular
 
 PRIVATE_FORMAT = "wdelta-signing-key"
 PUBLIC_FORMAT = "wdelta-public-key"
 KEY_ROLES = ("root", "revisions")  # what ``keygen --role`` may label a key file for
-MAX_DOCUMENT = 1 << 16  # bytes: key files, roots and signature objects are far smaller
 _HEX64 = frozenset("0123456789abcdef")
 
 
@@ -102,7 +102,7 @@ def generate() -> SigningKey:
 def read_json(path: Path, what: str) -> dict[str, Any]:
     """A small JSON object from ``path``; anything else is a bad argument."""
     try:
-        data = read_regular(path, MAX_DOCUMENT, lambda why: BadArgumentError(
+        data = read_regular(path, MAX_DOCUMENT_BYTES, lambda why: BadArgumentError(
             f"{path} is {why}: not a {what}"))  # fmt: skip
     except FileNotFoundError as exc:
         raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc

@@ -32,13 +32,13 @@ from pathlib import Path
 
 import blake3
 
-from ..arguments import PathLike, as_path, check_seconds
-from ..digest import digest_bytes
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError, WdeltaError
+from ..format.digest import digest_bytes
+from ..limits import MAX_MANIFEST_BYTES
+from ..ops.arguments import PathLike, as_path, check_seconds
 from .errors import ConflictError, ManifestInvalidError, NotFoundError, SignatureInvalidError
 from .manifest import (
     MANIFEST_PREFIX,
-    MAX_MANIFEST,
     Manifest,
     parse_manifest,
     revision_key,
@@ -111,7 +111,9 @@ class Chain:
 
     def manifest(self, revision: int) -> Manifest:
         """Revision ``revision``, its signatures checked first if there is a trust policy."""
-        return self._checked(revision, self.storage.read(revision_key(revision), MAX_MANIFEST))
+        return self._checked(
+            revision, self.storage.read(revision_key(revision), MAX_MANIFEST_BYTES)
+        )
 
     def _checked(self, revision: int, data: bytes) -> Manifest:
         """Parse revision ``revision``'s bytes, after SG-1..SG-5 if there is a trust policy
@@ -129,7 +131,7 @@ class Chain:
     def revision_bytes(self, revision: int) -> bytes | None:
         """The bytes of manifest revision ``revision``; None if storage no longer holds it."""
         try:
-            return self.storage.read(revision_key(revision), MAX_MANIFEST)
+            return self.storage.read(revision_key(revision), MAX_MANIFEST_BYTES)
         except NotFoundError:
             return None
 
@@ -169,7 +171,7 @@ class Chain:
                 f"storage rolled back: head revision {revisions[-1]} is lower than revision "
                 f"{self.seen_revision} read before"
             )
-        data = self.storage.read(revision_key(revisions[-1]), MAX_MANIFEST)
+        data = self.storage.read(revision_key(revisions[-1]), MAX_MANIFEST_BYTES)
         m = self._checked(revisions[-1], data)
         self.seen_revision = m.revision
         return m, digest_bytes(data)

@@ -29,13 +29,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import schemas, strictjson
-from ..arguments import PathLike, as_path
-from ..atomic import atomic_file
-from ..digest import digest_bytes
 from ..errors import BadArgumentError, LimitExceededError, UnsupportedVersionError, WdeltaError
+from ..format import schemas, strictjson
+from ..format.digest import digest_bytes
+from ..io.atomic import atomic_file
+from ..limits import MAX_DOCUMENT_BYTES
+from ..ops.arguments import PathLike, as_path
 from .errors import ConflictError, FrozenError, NotFoundError, SignatureInvalidError
-from .signing import MAX_DOCUMENT, PublicKey, SigningKey, canonical, key_id, read_json
+from .signing import PublicKey, SigningKey, canonical, key_id, read_json
 from .smallfile import read_regular
 from .storage.base import Storage
 
@@ -296,13 +297,13 @@ def parse_revision_signature(data: bytes) -> RevisionSignature | None:
 
 
 def _read_small(storage: Storage, key: str) -> bytes | None:
-    """The object at ``key`` if it exists and is at most MAX_DOCUMENT bytes (SG-4: a
+    """The object at ``key`` if it exists and is at most MAX_DOCUMENT_BYTES bytes (SG-4: a
     longer one counts as absent, whatever size the store reported for it)."""
     info = storage.stat(key)  # an object said to be longer is not even opened
-    if info is None or info.size > MAX_DOCUMENT:
+    if info is None or info.size > MAX_DOCUMENT_BYTES:
         return None
     try:
-        return storage.read(key, MAX_DOCUMENT)
+        return storage.read(key, MAX_DOCUMENT_BYTES)
     except (NotFoundError, LimitExceededError):
         return None
 
@@ -421,13 +422,13 @@ class Trust:
             info = storage.stat(key)
             if info is None:
                 return self.root
-            if info.size > MAX_DOCUMENT:
+            if info.size > MAX_DOCUMENT_BYTES:
                 raise SignatureInvalidError(f"{key}: {info.size} bytes, not a trust root")
             try:
-                data = storage.read(key, MAX_DOCUMENT)
+                data = storage.read(key, MAX_DOCUMENT_BYTES)
             except LimitExceededError as exc:  # a store that lied about its size
                 raise SignatureInvalidError(
-                    f"{key}: over {MAX_DOCUMENT} bytes, not a trust root"
+                    f"{key}: over {MAX_DOCUMENT_BYTES} bytes, not a trust root"
                 ) from exc
             new = parse_root(data, key)
             check_successor(new, self.root, key)
@@ -524,7 +525,7 @@ class Trust:
             obj = sign_revision(key, payload)
             target = signature_key(payload["manifest"], obj.keyid)
             if not storage.create(target, obj.to_bytes()):
-                stored = parse_revision_signature(storage.read(target, MAX_DOCUMENT))
+                stored = parse_revision_signature(storage.read(target, MAX_DOCUMENT_BYTES))
                 if (
                     stored is None
                     or stored.keyid != obj.keyid

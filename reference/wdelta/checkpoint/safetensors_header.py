@@ -16,12 +16,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import gc_pause, strictjson
-from ..dtypes import DTYPES, UNSUPPORTED, DType
 from ..errors import CheckpointInvalidError, LimitExceededError, UnsupportedFeatureError
+from ..format import strictjson
+from ..format.dtypes import DTYPES, UNSUPPORTED, DType
+from ..io import gc_pause
+from ..limits import MAX_ELEMENTS
 
-MAX_HEADER_BYTES = 100_000_000
-MAX_ELEMENTS = 2**48
 # Headers up to this size are parsed once per process and kept (a few of
 # them): one diff or apply meets the same header text up to six times (the
 # input files, the layouts recorded in the delta, the compact form's check

@@ -18,11 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import filekind, strictjson
-from ..arguments import as_path, check_str_mapping
-from ..dtypes import DType, from_numpy
 from ..errors import BadArgumentError, CheckpointInvalidError, StorageError, TruncatedError
-from .safetensors_header import MAX_HEADER_BYTES, FileLayout, build_header, parse_header
+from ..format import strictjson
+from ..format.dtypes import DType, from_numpy
+from ..io import filekind
+from ..limits import MAX_INPUT_HEADER_BYTES
+from ..ops.arguments import as_path, check_str_mapping
+from .safetensors_header import FileLayout, build_header, parse_header
 
 # File names a delta can record (SPEC.md §4.9): no paths, no leading dot, at
 # most 255 characters.  Always used with ``fullmatch``: Python's ``$`` would
@@ -54,7 +56,7 @@ class Tensor:
     _fd: int | None = None
     _offset: int = 0
     _array: np.ndarray[Any, Any] | None = None
-    # Live tensors (wdelta.tensors) read through their slot, chunk by chunk.
+    # Live tensors (wdelta.ops.tensors) read through their slot, chunk by chunk.
     _reader: Callable[[int, int], Words] | None = None
     # The file a ``_fd`` tensor lives in, to name it when a read fails.
     _path: Path | None = None
@@ -192,8 +194,10 @@ def read_file_layout(fd: int, path: Path) -> FileLayout:
     prefix = bytearray(8)
     pread_into(fd, memoryview(prefix), 0)
     n = int.from_bytes(prefix, "little")
-    if n > MAX_HEADER_BYTES:
-        raise CheckpointInvalidError(f"{path}: header of {n} bytes exceeds {MAX_HEADER_BYTES}")
+    if n > MAX_INPUT_HEADER_BYTES:
+        raise CheckpointInvalidError(
+            f"{path}: header of {n} bytes exceeds {MAX_INPUT_HEADER_BYTES}"
+        )
     if 8 + n > size:
         raise CheckpointInvalidError(f"{path}: header length {n} runs past the end of the file")
     header = bytearray(n)

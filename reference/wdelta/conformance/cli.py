@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..cli.terminal import printable
 from ..errors import BadArgumentError
-from ..terminal import printable
 from . import report
 from .impl import Implementation, Reference, Templates
 from .manifest import default_vectors, load
@@ -152,6 +152,6 @@ def run_command(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """``python -m wdelta.conformance ARGS``: the same as ``wdelta conformance ARGS``,
     through the main CLI so that signals, OS errors and bugs get its one-line contract."""
-    from ..cli import run  # the main CLI imports this module: import it only here
+    from ..cli.delta import run  # the main CLI imports this module: import it only here
 
     sys.exit(run(["conformance", *(sys.argv[1:] if argv is None else argv)]))

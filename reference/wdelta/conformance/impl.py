@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .. import api
 from ..chain.acceptance import check_after, check_state, stored_digests
 from ..chain.manifest import read_manifest
 from ..chain.ops import check_files
@@ -29,6 +28,7 @@ from ..chain.storage import LocalStorage
 from ..chain.store import Chain
 from ..chain.trust import Trust
 from ..errors import BadArgumentError, WdeltaError
+from ..ops import api
 from .manifest import TEMPLATE_ROLES, placeholder_of, template_of
 
 _CATEGORY = re.compile(r"^error:\s*([a-z][a-z0-9-]*)\s*(?::|$)")

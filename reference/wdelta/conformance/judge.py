@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import api
-from ..container import open_delta
 from ..errors import WdeltaError
+from ..format.container import open_delta
+from ..ops import api
 from .impl import Outcome
 from .manifest import Case, Output
 from .outputs import compare

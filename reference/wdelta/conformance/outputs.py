@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ..dtypes import DTYPES
+from ..format.dtypes import DTYPES
 from .manifest import Output, sha256_file
 
 TensorBytes = dict[str, tuple[str, list[int], bytes]]

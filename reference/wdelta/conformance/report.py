@@ -9,9 +9,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_file
-from ..destination import check_output
-from ..output_file import pwrite_all
+from ..io.atomic import atomic_file
+from ..io.destination import check_output
+from ..io.output_file import pwrite_all
 from .judge import FAIL, NOT_TESTED, PASS, SKIPPED, SOFT
 from .manifest import PROFILES, Manifest
 from .runner import Options, Result

@@ -17,11 +17,11 @@ import numpy as np
 
 from ..chain.local import digest_of_path
 from ..checkpoint.source import Checkpoint, open_checkpoint
-from ..container import PREFIX_SIZE, DeltaFile, open_delta
-from ..encodings import sparse
+from ..codec import sparse
 from ..errors import BadArgumentError, EncodingInvalidError, HeaderInvalidError
-from ..header import Header, TensorEntry, entries_json
-from ..layout import SideLayout
+from ..format.container import PREFIX_SIZE, DeltaFile, open_delta
+from ..format.header import Header, TensorEntry, entries_json
+from ..format.layout import SideLayout
 
 PAGE = 4096
 # Members a writer MUST NOT write, by encoding (SPEC §4.6, "ignored").
@@ -54,7 +54,7 @@ def header_text_violations(header: bytes) -> list[str]:
 
 def ignored_member_violations(entries: list[dict[str, Any]]) -> list[str]:
     """W3: chunk members marked ignored for their encoding are absent (``entries``: the
-    header's tensor entries in the v1 form, :func:`~wdelta.header.entries_json`)."""
+    header's tensor entries in the v1 form, :func:`~wdelta.format.header.entries_json`)."""
     problems = []
     for entry in entries:
         for i, chunk in enumerate(entry.get("chunks", [])):

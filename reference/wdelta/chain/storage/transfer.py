@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import BadArgumentError, ChecksumMismatchError, StorageError
-from ...pipeline import ordered_map
+from ...ops.pipeline import ordered_map
 from ..backoff import Backoff
 from ..smallfile import append_partial, kept_partial
 

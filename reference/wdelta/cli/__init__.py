@@ -1,0 +1,5 @@
+"""The ``wdelta`` command line."""
+
+from .delta import main
+
+__all__ = ["main"]

@@ -1,0 +1,1 @@
+"""Operating-system plumbing: atomic outputs, renames, positioned writes, signals, file kinds."""

@@ -1,0 +1,1 @@
+"""Operations on deltas: diff, apply, apply in place, verify, streams of changes, summaries."""

@@ -1,0 +1,1 @@
+"""Deterministic synthetic checkpoints and the demo, for tests, benchmarks and newcomers."""
