@@ -167,7 +167,7 @@ def test_a_compact_header_over_the_parse_budget_is_written_in_the_v1_form(
     b, t = _pair(tmp_path, _canonical(base, None), _canonical(target, None))
     assert _header(wdelta.diff(b, t, tmp_path / "c.wdelta", chunk_elements=1))[
         "required_features"] == ["inline-blobs", "compact-header"]  # fmt: skip
-    monkeypatch.setattr(jsoncost, "FIXED", 1 << 16)  # 64 KiB: ~10 bytes per header byte
+    monkeypatch.setattr(jsoncost, "JSON_FIXED_BYTES", 1 << 16)  # 64 KiB: ~10 bytes per header byte
     delta = wdelta.diff(b, t, tmp_path / "v1.wdelta", chunk_elements=1)
     # The v1 form, with its one tiny blob still inline (§4.12 applies to both forms).
     doc = _header(delta)

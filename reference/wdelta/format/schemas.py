@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import jsonschema
 
-_HERE = Path(__file__).resolve().parent
-# Installed wheels carry the schemas inside the package; a source checkout
-# keeps the single copy at the repository's top level.
-_CANDIDATES = (_HERE / "schema", _HERE.parent.parent / "schema")
+_PACKAGE = Path(__file__).resolve().parents[1]
+# Installed wheels carry the schemas inside the package (``wdelta/schema``); a
+# source checkout keeps the single copy at the repository's top level.
+_CANDIDATES = (_PACKAGE / "schema", _PACKAGE.parents[1] / "schema")
 
 
 def schema_dir() -> Path:
