@@ -10,8 +10,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TOP_LEVEL = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "CHANGELOG.md"]
 DOCUMENTS = sorted([*TOP_LEVEL, *(ROOT / "docs").glob("*.md")])
-# Guides written on other branches at the same time as the links to them. The coordinator
-# removes this allowlist once those branches are merged and the files exist.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
