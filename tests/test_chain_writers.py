@@ -214,6 +214,7 @@ def _rotated(s: Signed, keys: list[str], expires: str = FAR) -> None:
     ("case", "category", "words"),
     [
         ("revoked", "signature-invalid", "is not a revisions key of trust root version"),
+        ("root-role", "signature-invalid", "is not a revisions key of trust root version 1"),
         ("root-expired", "frozen", "expired at 2001-01-01T00:00:00Z"),
         ("zero", "frozen", "would be expired"),
         ("negative", "frozen", "would be expired"),
@@ -245,8 +246,10 @@ def test_a_writer_refuses_signatures_nodes_would_refuse_before_uploading(
             (s.store / "trust" / "root-000000000001.json").read_bytes())  # fmt: skip
     before = _listing(s.store)
 
+    signer = key("root" if case == "root-role" else "alice")  # the offline key signs roots only
+
     def writer(store: Path, root: Path) -> chain.Chain:
-        return chain.Chain(store, tmp_path / "wcache", trust=root, sign=[key("alice")],
+        return chain.Chain(store, tmp_path / "wcache", trust=root, sign=[signer],
                            sign_seconds=seconds)  # fmt: skip
 
     w = writer(s.store, s.root)
