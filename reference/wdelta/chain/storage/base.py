@@ -33,6 +33,9 @@ from .transfer import Transfer
 
 Progress = Callable[[int], None]
 STREAM_BLOCK = 1 << 20
+# Listing finds manifest revisions only (RD-4): a chain has one per publish, and prune keeps
+# them few. A store that lists millions, or pages without end, is refused, not followed.
+MAX_LISTED = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,13 @@ def too_large(key: str, limit: int) -> LimitExceededError:
 def longer_than_asked(url: str, key: str, length: int) -> StorageError:
     """The error for a store that answered more than the ``length`` bytes asked (ST-3)."""
     return StorageError(f"{url}{key}: the store answered more than the {length} bytes asked")
+
+
+def too_many_listed(url: str, prefix: str, limit: int) -> LimitExceededError:
+    return LimitExceededError(
+        f"{url}{prefix}: the listing goes past {limit:,} objects (a store that lists "
+        "without end); refused"
+    )
 
 
 def check_key(key: str) -> str:

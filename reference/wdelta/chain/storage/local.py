@@ -14,6 +14,7 @@ they lead to is checked.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 from collections.abc import Iterator
@@ -25,7 +26,16 @@ from ...io.atomic import TMP_MARK, fsync_dir, remove_stale, temp_file
 from ...ops.arguments import as_path
 from ..errors import NotFoundError
 from ..smallfile import open_regular, read_bounded
-from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key, too_large
+from .base import (
+    MAX_LISTED,
+    STREAM_BLOCK,
+    ObjectInfo,
+    Progress,
+    Storage,
+    check_key,
+    too_large,
+    too_many_listed,
+)
 
 
 class LocalStorage(Storage):
@@ -143,7 +153,9 @@ class LocalStorage(Storage):
         base = self.root / folder if folder else self.root
         if not base.is_dir():
             return []
-        paths = list(base.rglob("*"))
+        paths = list(itertools.islice(base.rglob("*"), MAX_LISTED + 1))
+        if len(paths) > MAX_LISTED:
+            raise too_many_listed(f"{self.url}/", prefix, MAX_LISTED)
         for path in [base, *paths]:
             if path.is_dir():
                 remove_stale(path)

@@ -25,6 +25,7 @@ from typing import Any
 from ...errors import BadArgumentError, StorageError, TruncatedError
 from ..errors import NotFoundError
 from .base import (
+    MAX_LISTED,
     STREAM_BLOCK,
     ObjectInfo,
     Progress,
@@ -33,7 +34,9 @@ from .base import (
     longer_than_asked,
     missing_package,
     too_large,
+    too_many_listed,
 )
+from .stall import Watch, cutter
 from .transfer import Transfer
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
@@ -87,7 +90,12 @@ class S3Storage(Storage):
             except ImportError as exc:
                 raise missing_package("s3://", exc, "pip install 'wdelta[s3]'") from exc
 
-            config = Config(retries={"max_attempts": 3, "mode": "standard"})
+            # Socket timeouts bound one wait; stall.Watch bounds a whole answer.
+            config = Config(
+                retries={"max_attempts": 3, "mode": "standard"},
+                connect_timeout=10,
+                read_timeout=30,
+            )
             client = boto3.client("s3", endpoint_url=endpoint_url, config=config)
         self.client = client
 
@@ -121,9 +129,11 @@ class S3Storage(Storage):
         body = self._get(key, byte_range)
         parts, have = [], 0
         try:
-            while have < most and (block := body.read(min(STREAM_BLOCK, most - have))):
-                parts.append(bytes(block))
-                have += len(block)
+            with Watch(f"{self.url}{key}", cutter(body)) as watch:
+                while have < most and (block := body.read(min(STREAM_BLOCK, most - have))):
+                    parts.append(bytes(block))
+                    have += len(block)
+                    watch.got(len(block))
         except _transport_errors() as exc:
             raise self._fail(key, exc) from exc
         finally:
@@ -157,7 +167,10 @@ class S3Storage(Storage):
     def stream(self, key: str, start: int = 0) -> Iterator[bytes]:
         body = self._get(key, f"bytes={start}-" if start else None)
         try:
-            yield from body.iter_chunks(STREAM_BLOCK)
+            with Watch(f"{self.url}{key}", cutter(body)) as watch:
+                for block in body.iter_chunks(STREAM_BLOCK):
+                    watch.got(len(block))
+                    yield block
         except _transport_errors() as exc:
             raise self._fail(key, exc) from exc
         finally:
@@ -195,17 +208,24 @@ class S3Storage(Storage):
         raise StorageError(f"{self.url}{key}: conditional write kept conflicting")
 
     def list(self, prefix: str) -> list[ObjectInfo]:
-        found = []
+        found: list[ObjectInfo] = []
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix
             )
             for page in pages:
                 for obj in page.get("Contents", []):
-                    found.append(ObjectInfo(obj["Key"][len(self.prefix) :], int(obj["Size"])))
+                    info = ObjectInfo(obj["Key"][len(self.prefix) :], int(obj["Size"]))
+                    # S3 lists in key order: a page that does not move forward is a
+                    # store paging in a loop, which would never end.
+                    if found and info.key <= found[-1].key:
+                        raise StorageError(f"{self.url}{prefix}: the listing went backwards")
+                    found.append(info)
+                if len(found) > MAX_LISTED:
+                    raise too_many_listed(self.url, prefix, MAX_LISTED)
         except _transport_errors() as exc:
             raise self._fail(prefix, exc) from exc
-        return sorted(found, key=lambda o: o.key)
+        return found
 
     def delete(self, key: str) -> None:
         try:
