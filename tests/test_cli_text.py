@@ -16,18 +16,19 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+import wdelta
 from test_cli import ENV, assert_error, run
-from wdelta.cli import delta as cli
+from wdelta.cli import app
 from wdelta.cli.flags import API_TO_FLAG, in_flags
 
-REFERENCE = Path(cli.__file__).resolve().parent
+REFERENCE = Path(wdelta.__file__).resolve().parent
 
 
 def _commands() -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """Every (sub)command's words and parser, ``chain`` and ``conformance`` included."""
     for group in (None, "chain", "conformance"):
         todo: list[tuple[tuple[str, ...], argparse.ArgumentParser]] = [
-            ((), cli.build_parser(group))
+            ((), app.build_parser(group))
         ]
         while todo:
             words, parser = todo.pop()
@@ -91,7 +92,7 @@ def test_every_keyword_in_a_message_has_its_flag() -> None:
     unknown = {
         (path.name, found)
         for path, text in _string_literals()
-        if path.name != "cli_flags.py"
+        if path.name != "flags.py"
         for found in keyword.findall(in_flags(text))
     }
     assert unknown == set()
@@ -125,9 +126,9 @@ def test_existing_output_names_force(pair: tuple[Path, Path], tmp_path: Path) ->
 def test_header_limit_remedies_name_flags(pair: tuple[Path, Path], tmp_path: Path) -> None:
     """The encoder's header-size refusal through the CLI (the limit lowered in the child)."""
     code = (
-        "import sys, wdelta.ops.encoder, wdelta.cli.delta\n"
+        "import sys, wdelta.ops.encoder, wdelta.cli\n"
         "wdelta.ops.encoder.MAX_HEADER_BYTES = 200\n"
-        "sys.exit(wdelta.cli.delta.run(sys.argv[1:]))\n"
+        "sys.exit(wdelta.cli.run(sys.argv[1:]))\n"
     )
     argv = ["diff", *map(str, pair), "-o", str(tmp_path / "d.wdelta"), "--compat"]
     result = subprocess.run([sys.executable, "-c", code, *argv, "--chunk-elements", "64"],
