@@ -17,7 +17,7 @@ import zstandard
 from wdelta.format.digest import file_sha256
 
 # The real CLI entry point, run by the same interpreter (and so the same install).
-CLI = [sys.executable, "-c", "from wdelta.cli.delta import main; main()"]
+CLI = [sys.executable, "-c", "from wdelta.cli import main; main()"]
 
 # An installed wdelta runs from the bytecode pip compiled.  A source tree on
 # PYTHONPATH under PYTHONDONTWRITEBYTECODE would be compiled afresh by every
@@ -73,7 +73,7 @@ def run_cli(args: list[str]) -> ChildRun:
 
 def warm_up() -> None:
     """Fill the children's bytecode cache: every wdelta module and its imports."""
-    code = "import wdelta.cli.delta, wdelta.io.malloc_tuning, wdelta.codec.chunk"
+    code = "import wdelta.cli, wdelta.io.malloc_tuning, wdelta.codec.chunk"
     subprocess.run([sys.executable, "-c", code], check=True, env=CHILD_ENV)
 
 

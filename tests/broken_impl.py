@@ -44,9 +44,9 @@ import wdelta.format.compact
 import wdelta.format.container
 import wdelta.format.header
 import wdelta.format.inline_blobs
+from wdelta import cli
 from wdelta.checkpoint.safetensors_header import FileLayout, parse_header
 from wdelta.checkpoint.source import pread_into
-from wdelta.cli import delta as cli
 
 # Bit patterns of the canonical quiet NaN per float dtype, and its exponent mask.
 _NAN = {"F16": (0x7E00, 0x7C00, 0x03FF), "BF16": (0x7FC0, 0x7F80, 0x007F),

@@ -32,11 +32,11 @@ import wdelta.chain.graph
 import wdelta.chain.manifest
 import wdelta.chain.ops
 import wdelta.chain.parts
-import wdelta.chain.signed_cli
+import wdelta.chain.signatures
 import wdelta.chain.trust
+from wdelta import cli
 from wdelta.chain.errors import ManifestInvalidError, NotFoundError
 from wdelta.chain.fetch import fetch_link, materialize_snapshot
-from wdelta.cli import delta as cli
 from wdelta.ops import api
 
 
@@ -105,7 +105,7 @@ def main(mode: str, args: list[str]) -> int:
     if mode == "skip-missing":
         wdelta.chain.ops.check_files = skip_missing
     if mode == "ignore-signatures":
-        wdelta.chain.signed_cli.check_signatures = lambda *args: []
+        wdelta.chain.signatures.check_signatures = lambda *args: []
     if mode == "any-role":
         wdelta.chain.trust.role_keys = lambda root, role: root.keys
     if mode in STATE_MODES:

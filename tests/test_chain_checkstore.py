@@ -134,9 +134,9 @@ def test_cli_local_and_json(tmp_path: Path) -> None:
 
 def test_cli_fails_on_racy_store(tmp_path: Path) -> None:
     code = (
-        "import sys, test_chain_checkstore as t, wdelta.chain.cli as c; "
+        "import sys, test_chain_checkstore as t, wdelta.cli.chain as c; "
         "c.open_storage = t.RacyCreate; "
-        "from wdelta.cli.delta import run; sys.exit(run(sys.argv[1:]))"
+        "from wdelta.cli import run; sys.exit(run(sys.argv[1:]))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code, "chain", "check-storage", str(tmp_path), "--writers", "4"],

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from chainkit import Trainer
-from wdelta.cli import delta as cli
+from wdelta import cli
 
 
 def run(capsys: Any, monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str, str]:

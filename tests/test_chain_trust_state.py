@@ -115,6 +115,7 @@ def test_cli_pull_without_trust_after_signed_revisions(tmp_path: Path) -> None:
     lines = r.stderr.splitlines()
     assert r.returncode == 1 and len(lines) == 1, r.stderr
     assert lines[0].startswith("error: signature-invalid: ") and "--allow-unsigned" in lines[0]
+    assert "allow_unsigned" not in lines[0] and "trust=" not in lines[0]
     assert s.node.read_bytes() == s.ckpts[1].read_bytes()
     r = subprocess.run([*base, "--allow-unsigned"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "not authenticated" in r.stderr, r.stderr

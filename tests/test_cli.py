@@ -313,7 +313,7 @@ class _Terminal(io.StringIO):
 
 def _run_on_tty(monkeypatch: pytest.MonkeyPatch, *args: object) -> tuple[int, str]:
     """Run the CLI in-process with stderr looking like a terminal; (status, what it drew)."""
-    from wdelta.cli import delta as cli
+    from wdelta import cli
 
     terminal = _Terminal()
     with monkeypatch.context() as m:

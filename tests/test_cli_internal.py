@@ -21,11 +21,12 @@ from test_cli import ENV
 # Runs ``wdelta inspect DELTA`` with the summary step replaced by one that raises.
 PROGRAM = """
 import sys
+import wdelta.cli
 import wdelta.cli.delta
 def broken(*args, **kwargs):
     raise {raise_}
 wdelta.cli.delta.summarize = broken
-sys.exit(wdelta.cli.delta.run(["inspect", sys.argv[1]]))
+sys.exit(wdelta.cli.run(["inspect", sys.argv[1]]))
 """
 
 

@@ -16,18 +16,20 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+import wdelta
+from kit import Delta
 from test_cli import ENV, assert_error, run
-from wdelta.cli import delta as cli
+from wdelta.cli import app
 from wdelta.cli.flags import API_TO_FLAG, in_flags
 
-REFERENCE = Path(cli.__file__).resolve().parent
+REFERENCE = Path(wdelta.__file__).resolve().parent
 
 
 def _commands() -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """Every (sub)command's words and parser, ``chain`` and ``conformance`` included."""
     for group in (None, "chain", "conformance"):
         todo: list[tuple[tuple[str, ...], argparse.ArgumentParser]] = [
-            ((), cli.build_parser(group))
+            ((), app.build_parser(group))
         ]
         while todo:
             words, parser = todo.pop()
@@ -48,13 +50,24 @@ def test_every_argument_has_a_description(command: str) -> None:
     assert missing == [], f"wdelta {command}: no help for {missing}"
 
 
-@pytest.mark.parametrize("command", ["diff", "apply", "inspect", "verify", "chain pull"])
+@pytest.mark.parametrize("command", COMMANDS)
 def test_help_describes_positional_arguments(command: str) -> None:
+    """``wdelta COMMAND --help`` gives each positional argument a description."""
+    parser = dict((" ".join(w), p) for w, p in _commands())[command]
+    # A group's COMMAND is listed under "commands:" (the test below checks its text).
+    positionals = [
+        a
+        for a in parser._actions
+        if not a.option_strings and not isinstance(a, argparse._SubParsersAction)
+    ]
     result = run(*command.split(), "--help")
     assert result.returncode == 0, result.stderr
+    if not positionals:
+        assert "positional arguments:" not in result.stdout
+        return
     section = result.stdout.split("positional arguments:\n")[1].split("\n\n")[0]
     entries = re.findall(r"^  (\S+)(.*)$", section, re.M)
-    assert entries, result.stdout
+    assert len(entries) == len(positionals), result.stdout
     for name, rest in entries:
         # An undescribed argument is a name alone on its line, followed by the next name.
         assert rest.strip() or section.split(name, 1)[1].startswith("\n      "), (name, section)
@@ -91,10 +104,25 @@ def test_every_keyword_in_a_message_has_its_flag() -> None:
     unknown = {
         (path.name, found)
         for path, text in _string_literals()
-        if path.name != "cli_flags.py"
-        for found in keyword.findall(in_flags(text))
+        if path.name != "flags.py"
+        for found in keyword.findall(_mapped(text))
     }
     assert unknown == set()
+
+
+def _mapped(text: str) -> str:
+    """``text`` with the keywords of API_TO_FLAG replaced (and nothing else: a new API
+    keyword must get its flag there, not the fallback meant for fields of files)."""
+    for keyword, flag in API_TO_FLAG.items():
+        text = text.replace(keyword, flag)
+    return text
+
+
+def test_in_flags_says_other_keywords_as_fields() -> None:
+    assert in_flags("header says reversible=True, chunks imply False") == (
+        "header says reversible: true, chunks imply False"
+    )
+    assert in_flags("pass overwrite=True; a_b=False") == "pass --force; a_b: false"
 
 
 def test_in_flags_names_each_flag() -> None:
@@ -125,9 +153,9 @@ def test_existing_output_names_force(pair: tuple[Path, Path], tmp_path: Path) ->
 def test_header_limit_remedies_name_flags(pair: tuple[Path, Path], tmp_path: Path) -> None:
     """The encoder's header-size refusal through the CLI (the limit lowered in the child)."""
     code = (
-        "import sys, wdelta.ops.encoder, wdelta.cli.delta\n"
+        "import sys, wdelta.ops.encoder, wdelta.cli\n"
         "wdelta.ops.encoder.MAX_HEADER_BYTES = 200\n"
-        "sys.exit(wdelta.cli.delta.run(sys.argv[1:]))\n"
+        "sys.exit(wdelta.cli.run(sys.argv[1:]))\n"
     )
     argv = ["diff", *map(str, pair), "-o", str(tmp_path / "d.wdelta"), "--compat"]
     result = subprocess.run([sys.executable, "-c", code, *argv, "--chunk-elements", "64"],
@@ -144,3 +172,36 @@ def test_signing_without_trust_names_the_flag(pair: tuple[Path, Path], tmp_path:
     result = run("chain", "init", tmp_path / "c", pair[0], "--sign", key)
     assert_error(result, "bad-argument")
     assert result.stderr.endswith("signing needs the chain's trust root (--trust ROOT)\n")
+
+
+PYTHON_KEYWORD = re.compile(r"\b[a-z]+(?:_[a-z]+)*=(?:True|False)\b")
+
+
+def test_no_python_keyword_when_an_output_exists(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    out = tmp_path / "taken.safetensors"
+    out.write_bytes(b"x")
+    delta = tmp_path / "d.wdelta"
+    assert run("diff", *pair, "-o", delta, "-q").returncode == 0
+    result = run("apply", pair[0], delta, "-o", out)
+    assert_error(result, "bad-argument")
+    assert "pass --force to replace it" in result.stderr
+    assert not PYTHON_KEYWORD.search(result.stderr), result.stderr
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_a_header_field_is_not_said_as_a_python_keyword(
+    pair: tuple[Path, Path], tmp_path: Path, command: str
+) -> None:
+    """A header whose ``reversible`` contradicts its chunks: the library says
+    ``reversible=True``; the CLI says it as the header spells it."""
+    delta = tmp_path / "d.wdelta"
+    wdelta.diff(*pair, delta, compact=False)
+    d = Delta.read(delta)
+    d.header["reversible"] = not d.header["reversible"]
+    lie = d.write(tmp_path / "lie.wdelta")
+    with pytest.raises(wdelta.WdeltaError, match="reversible=False"):
+        wdelta.verify(lie)
+    result = run(command, lie)
+    assert_error(result, "header-invalid")
+    assert "header says reversible: false, chunks imply True" in result.stderr, result.stderr
+    assert not PYTHON_KEYWORD.search(result.stderr), result.stderr

@@ -22,7 +22,7 @@ from types import ModuleType
 
 import pytest
 
-from wdelta.cli import delta as cli
+from wdelta import cli
 from wdelta.conformance import (
     Manifest,
     Options,

@@ -17,8 +17,9 @@ import pytest
 import wdelta
 from kit import RawTensor, leftovers, safetensors_bytes, tree_hashes
 from test_cli import assert_error, assert_ok, run
+from wdelta import cli
 from wdelta.checkpoint.source import is_index_name, is_shard_name, open_checkpoint
-from wdelta.cli import delta as cli
+from wdelta.cli import delta
 
 BASE = {"a": RawTensor("F32", (4,), bytes(16))}
 TARGET = {"a": RawTensor("F32", (4,), bytes(15) + b"x")}
@@ -84,7 +85,7 @@ def test_diff_leaves_no_output_when_its_summary_fails(
     def refuse(_: object) -> object:
         raise wdelta.WdeltaError("summary refused")
 
-    monkeypatch.setattr(cli, "summarize", refuse)
+    monkeypatch.setattr(delta, "summarize", refuse)
     base, target = (
         _write(tmp_path / "b.safetensors", BASE),
         _write(tmp_path / "t.safetensors", TARGET),

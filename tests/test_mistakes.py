@@ -161,6 +161,9 @@ MIX_UPS = [
      "usage: wdelta verify DELTA [--base BASE]"),
     ("verify {f}/d.wdelta --base {f}/d.wdelta", "checkpoint-invalid",
      "{f}/d.wdelta is a wdelta delta, not a checkpoint: usage: wdelta verify DELTA [--base BASE]"),
+    ("verify {f}/d.wdelta --base {f}/base.safetensors --target {f}/d.wdelta --strict-writer",
+     "checkpoint-invalid",
+     "{f}/d.wdelta is a wdelta delta, not a checkpoint: usage: wdelta verify DELTA [--base BASE]"),
     ("inspect {f}/target.safetensors", "bad-magic",
      "{f}/target.safetensors is a safetensors checkpoint, not a wdelta delta: "
      "usage: wdelta inspect DELTA"),

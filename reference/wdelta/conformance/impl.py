@@ -23,7 +23,7 @@ from typing import Protocol
 from ..chain.acceptance import check_after, check_state, stored_digests
 from ..chain.manifest import read_manifest
 from ..chain.ops import check_files
-from ..chain.signed_cli import check_signatures
+from ..chain.signatures import check_signatures
 from ..chain.storage import LocalStorage
 from ..chain.store import Chain
 from ..chain.trust import Trust

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from ..cli import delta as cli
+from .. import cli
 from ..format.digest import file_sha256
 from . import synthetic
 

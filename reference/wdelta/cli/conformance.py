@@ -1,4 +1,4 @@
-"""``wdelta conformance run`` / ``python -m wdelta.conformance run``.
+"""``wdelta conformance run`` (also ``python -m wdelta.conformance run``).
 
 Without command templates the reference implementation runs in-process;
 with templates only the profiles given are tested, the others are reported
@@ -11,16 +11,16 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from ..cli.terminal import printable
+from ..conformance import report
+from ..conformance.impl import Implementation, Reference, Templates
+from ..conformance.manifest import default_vectors, load
+from ..conformance.runner import Options, Result, run_all, select
 from ..errors import BadArgumentError
-from . import report
-from .impl import Implementation, Reference, Templates
-from .manifest import default_vectors, load
-from .runner import Options, Result, run_all, select
+from .options import Commands
+from .terminal import printable
 
 TEMPLATE_OPTIONS = (
     ("reader", "--reader", "'tool verify {delta}'"),
@@ -48,7 +48,7 @@ TEMPLATE_OPTIONS = (
 )
 
 
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``conformance run``."""
     for profile, flag, example in TEMPLATE_OPTIONS:
         p.add_argument(flag, dest=profile.replace("-", "_"), metavar="TEMPLATE",
@@ -89,14 +89,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", "-v", action="store_true", help="print every case's result")
 
 
-def add_subcommands(parser: argparse.ArgumentParser) -> None:
-    """``conformance run`` under ``parser`` (used by the ``wdelta`` command too)."""
-    sub = parser.add_subparsers(
-        dest="conformance_command", required=True, metavar="COMMAND", title="commands",
-        help="`wdelta conformance COMMAND --help` describes each",
-    )  # fmt: skip
-    run = sub.add_parser("run", help="run the conformance suite against an implementation")
-    add_run_arguments(run)
+def register(commands: Commands) -> None:
+    """Add ``run`` to ``wdelta conformance``."""
+    p = commands.add_parser("run", help="run the conformance suite against an implementation")
+    _add_run_arguments(p)
+    p.set_defaults(func=_cmd_run)
 
 
 def _implementation(args: argparse.Namespace) -> tuple[Implementation, dict[str, Any]]:
@@ -119,8 +116,7 @@ def _printer(verbose: bool) -> Any:
     return show
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Run ``conformance run`` from parsed arguments; returns the exit status."""
+def _cmd_run(args: argparse.Namespace) -> int:
     if args.jobs < 1 or args.timeout <= 0:
         raise BadArgumentError("--jobs must be >= 1 and --timeout > 0")
     if args.max_size_ratio is not None and not args.max_size_ratio > 0:
@@ -147,11 +143,3 @@ def run_command(args: argparse.Namespace) -> int:
     if args.junit is not None:
         report.write_report(args.junit, report.junit_bytes(results), manifest.root)
     return 0 if report.passed(results) else 1
-
-
-def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """``python -m wdelta.conformance ARGS``: the same as ``wdelta conformance ARGS``,
-    through the main CLI so that signals, OS errors and bugs get its one-line contract."""
-    from ..cli.delta import run  # the main CLI imports this module: import it only here
-
-    sys.exit(run(["conformance", *(sys.argv[1:] if argv is None else argv)]))

@@ -1,31 +1,19 @@
-"""``wdelta chain keygen | root | rotate | sign | refresh`` and the signature lines of
-``chain log`` (one per stored revision) and ``chain check --trust`` (SPEC.md "Signed
-revisions")."""
+"""``wdelta chain keygen | root | rotate | sign | refresh``, the signature lines of
+``chain log`` (one per stored revision) and the co-signing hint of a publication
+signed below the threshold (SPEC.md "Signed revisions")."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from ..cli.terminal import printable
-from ..errors import BadArgumentError, StorageError, WdeltaError
-from ..format.digest import digest_bytes
-from ..limits import MAX_DOCUMENT_BYTES, MAX_MANIFEST_BYTES
-from ..ops.arguments import as_path
-from .errors import ConflictError, NotFoundError, SignatureInvalidError
-from .local import digest_of_path
-from .manifest import (
-    Manifest,
-    Version,
-    parse_manifest,
-    revision_key,
-    revision_of_key,
-)
-from .signing import (
+from ..chain.errors import ConflictError, NotFoundError, SignatureInvalidError
+from ..chain.local import digest_of_path
+from ..chain.manifest import Manifest, Version, parse_manifest, revision_key
+from ..chain.signing import (
     KEY_ROLES,
     check_role,
     generate,
@@ -34,10 +22,10 @@ from .signing import (
     load_signing_key,
     write_json,
 )
-from .storage import open_storage
-from .storage.base import Storage
-from .store import Chain
-from .trust import (
+from ..chain.storage import open_storage
+from ..chain.storage.base import Storage
+from ..chain.store import Chain
+from ..chain.trust import (
     Trust,
     check_successor,
     expires_in,
@@ -47,6 +35,13 @@ from .trust import (
     read_root_file,
     root_key,
 )
+from ..errors import BadArgumentError, WdeltaError
+from ..format.digest import digest_bytes
+from ..limits import MAX_DOCUMENT_BYTES, MAX_MANIFEST_BYTES
+from ..ops.arguments import as_path
+from . import options
+from .options import Commands, open_chain
+from .terminal import printable
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
@@ -280,9 +275,7 @@ def cosign_hint(c: Chain, m: Manifest) -> str | None:
 def _cmd_refresh(args: argparse.Namespace) -> int:
     """Publish the head's content again as a new revision: freshly signed (WS-4), or for
     an unsigned chain with a new ``updated`` time (what ``pull --max-age`` reads)."""
-    from .cli import _chain  # here: cli imports this module
-
-    with _chain(args) as c:
+    with open_chain(args) as c:
         if c.trust is not None and not c.signers:
             raise BadArgumentError("refresh with --trust ROOT needs --sign KEY")
         m = c.publish(lambda cur: cur.successor())
@@ -331,31 +324,31 @@ def signature_lines(c: Chain) -> list[str]:
     return lines
 
 
-def check_signatures(manifest: Path, storage: Storage, trust: Path | Trust) -> list[str]:
-    """SG-1..SG-5 for one manifest revision file against the signatures in ``storage``,
-    with the trust root file (or policy) ``trust``."""
-    revision = revision_of_key(f"manifests/{manifest.name}")
-    if revision is None:
-        raise BadArgumentError(f"{manifest} is not named rev-RRRRRRRRRRRR.json")
-    try:
-        data = manifest.read_bytes()
-    except OSError as exc:
-        raise StorageError(f"cannot read {manifest}: {exc.strerror or exc}") from exc
-    policy = trust if isinstance(trust, Trust) else Trust.from_file(trust)
-    return policy.check_revision(storage, revision, data)
-
-
-def register_signing(
-    sub: Any, common: Callable[..., None], signing_args: Callable[..., None]
-) -> None:
+def register(commands: Commands) -> None:
     """Add keygen, root, rotate, sign and refresh to ``wdelta chain``."""
-    p = sub.add_parser("keygen", help="create an Ed25519 signing key (KEY) and KEY.pub")
+    p = commands.add_parser("keygen", help="create an Ed25519 signing key (KEY) and KEY.pub")
     p.add_argument("keyfile", help="the private key file to create (mode 600)")
     p.add_argument("--role", choices=KEY_ROLES, default=None,
                    help="label the key: 'root' (offline, signs roots) or 'revisions' "
                    "(online, signs revisions); commands refuse it in the other role")  # fmt: skip
     p.set_defaults(func=_cmd_keygen)
-    p = sub.add_parser("root", help="write a signed trust root (or its next version)")
+    _register_root(commands)
+    p = commands.add_parser("rotate", help="store the next trust root version in the chain")
+    options.add_url(p)
+    p.add_argument("root", help="the new root (written by 'chain root --previous')")
+    p.set_defaults(func=_cmd_rotate)
+    _register_sign(commands)
+    p = commands.add_parser(
+        "refresh", help="republish the head, freshly signed or dated (against 'frozen')"
+    )
+    options.add_url(p)
+    options.add_quiet(p)
+    options.add_signing(p)
+    p.set_defaults(func=_cmd_refresh)
+
+
+def _register_root(commands: Commands) -> None:
+    p = commands.add_parser("root", help="write a signed trust root (or its next version)")
     p.add_argument("out", help="the root file to create")
     p.add_argument("--chain-id", default=None, help="the chain's name (first root)")
     p.add_argument("--root-key", action="append", default=[], metavar="PUB",
@@ -366,20 +359,17 @@ def register_signing(
                    help="an online key that signs revisions (repeatable)")  # fmt: skip
     p.add_argument("--revision-threshold", type=int, default=1,
                    help="revision key signatures a revision needs (1)")  # fmt: skip
-    p.add_argument("--sign", action="append", default=[], metavar="KEY",
-                   help="a private root key signing it (of this root or --previous)")  # fmt: skip
     p.add_argument("--previous", default=None, metavar="ROOT", help="the root this one rotates")
-    p.add_argument("--expires-days", type=float, default=365.0, help="validity in days (365)")
+    options.add_sign(p, "a private root key signing it (of this root or --previous)",
+                     expires_days=365.0, expires_help="validity in days ({:g})")  # fmt: skip
     p.set_defaults(func=_cmd_root)
-    p = sub.add_parser("rotate", help="store the next trust root version in the chain")
-    p.add_argument("url", help="chain location")
-    p.add_argument("root", help="the new root (written by 'chain root --previous')")
-    p.set_defaults(func=_cmd_rotate)
-    p = sub.add_parser("sign", help="add signatures to the head revision (co-sign)")
-    p.add_argument("url", help="chain location")
-    p.add_argument("--trust", required=True, metavar="ROOT", help="the chain's trust root")
-    p.add_argument("--sign", action="append", default=[], metavar="KEY", help="signing key")
-    p.add_argument("--expires-days", type=float, default=7.0, help="validity in days (7)")
+
+
+def _register_sign(commands: Commands) -> None:
+    p = commands.add_parser("sign", help="add signatures to the head revision (co-sign)")
+    options.add_url(p)
+    options.add_trust(p, "the chain's trust root", required=True)
+    options.add_sign(p, "signing key", expires_help="validity in days ({:g})")
     p.add_argument(
         "--expect-digest", action="append", default=[], metavar="HEX",
         help="the checkpoint digest the revision must add (repeatable: one per version it "
@@ -396,9 +386,3 @@ def register_signing(
     p.add_argument("--yes", action="store_true",
                    help="sign without --expect-digest (check what it prints)")  # fmt: skip
     p.set_defaults(func=_cmd_sign)
-    p = sub.add_parser(
-        "refresh", help="republish the head, freshly signed or dated (against 'frozen')"
-    )
-    common(p)
-    signing_args(p)
-    p.set_defaults(func=_cmd_refresh)

@@ -1,76 +1,40 @@
-"""``wdelta chain ...``: init, append, log, verify, check, pull, squash, prune, gc,
-check-storage, and the signing commands (keygen, root, rotate, sign, refresh).
+"""``wdelta chain init | append | log | verify | check | pull | squash | prune | gc |
+check-storage``: the commands that publish, read and maintain a chain (its signing
+commands are in :mod:`.signing`).
 
-``register(subparsers, help)`` adds the ``chain`` command to the main parser; each
-subcommand's ``func`` returns the exit status and lets WdeltaError propagate
-to the main CLI, which prints ``error: CATEGORY: message``.
+Each command's ``func`` returns the exit status and lets WdeltaError propagate to
+:func:`.app.run`, which prints ``error: CATEGORY: message``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..cli.flags import in_flags
-from ..cli.terminal import printable
+from ..chain import acceptance, ops, signatures
+from ..chain.backoff import Backoff
+from ..chain.cachegc import gc_chain
+from ..chain.checkstore import check_storage
+from ..chain.compose import squash
+from ..chain.freshness import parse_duration
+from ..chain.manifest import Manifest, read_manifest
+from ..chain.prune import Policy, prune
+from ..chain.pull import PullResult, follow, pull
+from ..chain.storage import open_storage
+from ..chain.store import Chain
+from ..chain.trust import Trust
 from ..errors import BadArgumentError, WdeltaError
-from ..io.atomic import temp_dir
-from . import acceptance, ops
-from .backoff import Backoff
-from .cachegc import gc_chain
-from .checkstore import check_storage
-from .compose import squash
-from .freshness import parse_duration
-from .manifest import Manifest, read_manifest
-from .prune import Policy, prune
-from .pull import PullResult, follow, pull
-from .storage import open_storage
-from .store import Chain
-from .trust import Trust
-
-
-def _trust_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Chain(...) keywords from --trust, --sign and --expires-days (signing.py loads keys)."""
-    from .signing import load_revision_key
-
-    trust = getattr(args, "trust", None)
-    keys = [load_revision_key(Path(k)) for k in getattr(args, "sign", None) or []]
-    out: dict[str, Any] = {"trust": None if trust is None else Trust.from_file(Path(trust))}
-    if keys:
-        out["sign"] = keys
-        out["sign_seconds"] = args.expires_days * 86400.0
-    return out
-
-
-@contextlib.contextmanager
-def _progress(args: argparse.Namespace, label: str) -> Iterator[Callable[[int], None]]:
-    """A byte counter on stderr, silent with --quiet or when stderr is not a TTY."""
-    if args.quiet or not sys.stderr.isatty():
-        yield lambda n: None
-        return
-    from tqdm import tqdm
-
-    with tqdm(unit="B", unit_scale=True, desc=label, file=sys.stderr) as bar:
-        yield bar.update
-
-
-@contextlib.contextmanager
-def _chain(args: argparse.Namespace, default_cache: Path | None = None) -> Iterator[Chain]:
-    trust = _trust_args(args)
-    storage = open_storage(args.url)
-    cache = getattr(args, "cache", None) or os.environ.get("WDELTA_CACHE") or default_cache
-    if cache is not None:
-        yield Chain(storage, Path(cache), **trust)
-        return
-    with temp_dir(Path(tempfile.gettempdir()), "cache") as tmp:
-        yield Chain(storage, tmp, **trust)
+from . import options
+from .flags import in_flags
+from .options import Commands, open_chain
+from .signing import cosign_hint, signature_lines
+from .terminal import printable
 
 
 def _n(count: int, noun: str) -> str:
@@ -94,13 +58,13 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    with _chain(args) as c, _progress(args, "upload") as progress:
+    with open_chain(args) as c, options.progress(args, "upload") as on_bytes:
         m = ops.init(
             c,
             Path(args.checkpoint),
             step=args.step,
             metadata=_metadata(args.meta),
-            progress=progress,
+            progress=on_bytes,
         )
     _say(args, f"chain at {args.url}: version 0 {m.head.digest[:16]} (revision 1)")
     _cosign_hint(args, c, m)
@@ -108,16 +72,16 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_append(args: argparse.Namespace) -> int:
-    options = ops.AppendOptions(args.level, args.chunk_elements, args.threads, args.snapshot)
-    with _chain(args) as c, _progress(args, "upload") as progress:
+    encoding = ops.AppendOptions(args.level, args.chunk_elements, args.threads, args.snapshot)
+    with open_chain(args) as c, options.progress(args, "upload") as on_bytes:
         m = ops.append(
             c,
             Path(args.checkpoint),
             Path(args.base),
             step=args.step,
             metadata=_metadata(args.meta),
-            options=options,
-            progress=progress,
+            options=encoding,
+            progress=on_bytes,
         )
     link = m.links[-1]
     _say(
@@ -131,8 +95,6 @@ def _cmd_append(args: argparse.Namespace) -> int:
 
 def _cosign_hint(args: argparse.Namespace, c: Chain, m: Manifest) -> None:
     """After a publication signed below the threshold, what the co-signers run (WS-6)."""
-    from .signed_cli import cosign_hint
-
     hint = cosign_hint(c, m)
     if hint is not None:
         _say(args, hint)
@@ -160,9 +122,7 @@ def _cmd_log(args: argparse.Namespace) -> int:
     stored revision: the table's head is read without the trust policy so that a
     refused revision is shown as such rather than hiding the log (--json, for tools,
     prints only a head the policy accepts)."""
-    from .signed_cli import signature_lines
-
-    trust = _trust_args(args)["trust"]
+    trust = options.trust_args(args)["trust"]
     c = Chain(open_storage(args.url), trust=trust if args.json else None)
     m = c.head()
     if args.json:
@@ -176,8 +136,8 @@ def _cmd_log(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    with _chain(args) as c, _progress(args, "verify") as progress:
-        m = ops.verify(c, deep=args.deep, progress=progress)
+    with open_chain(args) as c, options.progress(args, "verify") as on_bytes:
+        m = ops.verify(c, deep=args.deep, progress=on_bytes)
     _say(
         args,
         f"ok: revision {m.revision}, {len(m.versions)} versions, {len(m.links)} links, "
@@ -218,10 +178,8 @@ def _check_trust_args(args: argparse.Namespace) -> Trust | None:
         raise BadArgumentError("check takes --after or --state, not both")
     if args.trust is None:
         return None
-    from .signed_cli import check_signatures
-
     policy = Trust.from_file(Path(args.trust))
-    check_signatures(Path(args.manifest), open_storage(args.store), policy)
+    signatures.check_signatures(Path(args.manifest), open_storage(args.store), policy)
     return policy
 
 
@@ -261,16 +219,17 @@ def _report_once_unauthenticated(args: argparse.Namespace) -> Callable[[PullResu
 def _cmd_pull(args: argparse.Namespace) -> int:
     local = Path(args.local)
     report = _report_once_unauthenticated(args)
-    options: dict[str, Any] = {"tensors": args.tensors, "threads": args.threads}
-    options["cache_max_bytes"] = args.cache_max_bytes
-    options["state"] = args.state or True
-    options["accept_rollback"] = args.accept_rollback
-    options["allow_unsigned"] = args.allow_unsigned
-    options["max_age"] = None if args.max_age is None else parse_duration(args.max_age)
-    with _chain(args, local.parent / ".wdelta-cache") as c, _progress(args, "pull") as progress:
-        options["progress"] = progress
+    kwargs: dict[str, Any] = {"tensors": args.tensors, "threads": args.threads}
+    kwargs["cache_max_bytes"] = args.cache_max_bytes
+    kwargs["state"] = args.state or True
+    kwargs["accept_rollback"] = args.accept_rollback
+    kwargs["allow_unsigned"] = args.allow_unsigned
+    kwargs["max_age"] = None if args.max_age is None else parse_duration(args.max_age)
+    cache = local.parent / ".wdelta-cache"
+    with open_chain(args, cache) as c, options.progress(args, "pull") as on_bytes:
+        kwargs["progress"] = on_bytes
         if not args.follow:
-            report(pull(c, local, to=args.to, **options))
+            report(pull(c, local, to=args.to, **kwargs))
             return 0
         follow(
             c,
@@ -281,15 +240,15 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             on_update=report,
             on_error=_retrying,
             backoff=Backoff(base=min(1.0, args.backoff_cap), cap=args.backoff_cap),
-            **options,
+            **kwargs,
         )
     return 0
 
 
 def _cmd_squash(args: argparse.Namespace) -> int:
     base = Path(args.base) if args.base else None
-    with _chain(args) as c, _progress(args, "squash") as progress:
-        m = squash(c, args.source, args.target, base=base, threads=args.threads, progress=progress)
+    with open_chain(args) as c, options.progress(args, "squash") as on_bytes:
+        m = squash(c, args.source, args.target, base=base, threads=args.threads, progress=on_bytes)
     link = next(
         k
         for k in m.links
@@ -301,7 +260,7 @@ def _cmd_squash(args: argparse.Namespace) -> int:
 
 def _cmd_prune(args: argparse.Namespace) -> int:
     policy = Policy(args.snapshot_every, args.keep_links, args.keep_revisions)
-    with _chain(args) as c:
+    with open_chain(args) as c:
         m, deleted = prune(c, policy, dry_run=args.dry_run)
     kept = (
         f"{_n(len(m.versions), 'version')}, {_n(len(m.links), 'link')}, "
@@ -320,7 +279,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 def _cmd_gc(args: argparse.Namespace) -> int:
     if not (args.cache or os.environ.get("WDELTA_CACHE")):
         raise BadArgumentError("gc needs the cache folder: --cache DIR or $WDELTA_CACHE")
-    with _chain(args) as c:
+    with open_chain(args) as c:
         r = gc_chain(c, args.max_bytes)
     _say(
         args, f"removed {_n(len(r.removed), 'file')} ({r.freed} bytes); cache holds {r.kept} bytes"
@@ -347,182 +306,140 @@ def _cmd_check_storage(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser, *, cache: bool = False, threads: bool = False) -> None:
-    p.add_argument("url", help="chain location: a folder, s3://BUCKET/PREFIX or hf://...")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress or summary")
+    """URL and --quiet, and if asked --cache and --threads: the options of most commands."""
+    options.add_url(p)
+    options.add_quiet(p)
     if cache:
-        p.add_argument(
-            "--cache",
-            default=None,
-            help="folder of verified downloads (default: $WDELTA_CACHE or temporary)",
-        )
+        options.add_cache(p)
     if threads:
-        p.add_argument("--threads", type=int, default=2, help="worker threads (default 2)")
+        options.add_threads(p)
 
 
-def _signing_args(p: argparse.ArgumentParser, *, writer: bool = True) -> None:
-    p.add_argument(
-        "--trust", default=None, metavar="ROOT",
-        help="the chain's trust root: refuse revisions not signed by its keys",
-    )  # fmt: skip
-    if writer:
-        p.add_argument(
-            "--sign", action="append", default=[], metavar="KEY",
-            help="sign the new revision with this private key (repeatable; needs --trust)",
-        )  # fmt: skip
-        p.add_argument(
-            "--expires-days", type=float, default=7.0,
-            help="days the signatures stay valid (7): nodes report 'frozen' after",
-        )  # fmt: skip
-
-
-def _writer_args(p: argparse.ArgumentParser) -> None:
+def _publish_args(p: argparse.ArgumentParser) -> None:
+    """CHECKPOINT, --step and --meta: what ``init`` and ``append`` publish."""
     p.add_argument("checkpoint", help="the checkpoint to publish (.safetensors or folder)")
     p.add_argument("--step", type=int, default=None, help="training step of this version")
-    p.add_argument(
-        "--meta",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="free metadata (repeatable)",
+    p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
+                   help="free metadata (repeatable)")  # fmt: skip
+
+
+def register(commands: Commands) -> None:
+    """Add the commands that publish, read and maintain a chain to ``wdelta chain``."""
+    _register_publishers(commands)
+    _register_maintainers(commands)
+    _register_checkers(commands)
+    _register_pull(commands)
+    p = commands.add_parser("gc", help="remove cache entries the head no longer names, then LRU")
+    _common(p, cache=True)
+    p.add_argument("--max-bytes", type=int, default=None, help="shrink the cache to this size")
+    p.set_defaults(func=_cmd_gc)
+    p = commands.add_parser(
+        "check-storage", help="test a store against the storage contract (ST-1..3)"
     )
+    options.add_url(p, "a folder, s3://BUCKET/PREFIX or hf://...; keys go under a new prefix")
+    options.add_json(p, "the verdicts as JSON")
+    p.add_argument("--writers", type=int, default=8, help="concurrent create-only writers (8)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the create race (3)")
+    p.set_defaults(func=_cmd_check_storage)
 
 
-def register(subparsers: Any, help: str) -> None:
-    """Add ``chain`` and its subcommands to the main CLI's subparsers."""
-    chain = subparsers.add_parser("chain", help=help)
-    sub = chain.add_subparsers(
-        dest="chain_command", required=True, parser_class=type(chain), metavar="COMMAND",
-        title="commands", help="`wdelta chain COMMAND --help` describes each",
-    )  # fmt: skip
-    _register_writers(sub)
-    _register_readers(sub)
-    from .signed_cli import register_signing
-
-    register_signing(sub, _common, _signing_args)
-
-
-def _register_writers(sub: Any) -> None:
-    p = sub.add_parser("init", help="start a chain from a base checkpoint (stored as a snapshot)")
+def _register_publishers(commands: Commands) -> None:
+    p = commands.add_parser(
+        "init", help="start a chain from a base checkpoint (stored as a snapshot)"
+    )
     _common(p)
-    _writer_args(p)
-    _signing_args(p)
+    _publish_args(p)
+    options.add_signing(p)
     p.set_defaults(func=_cmd_init)
-    p = sub.add_parser("append", help="publish a checkpoint as a delta from --base")
+    p = commands.add_parser("append", help="publish a checkpoint as a delta from --base")
     _common(p, threads=True)
-    _writer_args(p)
+    _publish_args(p)
     p.add_argument("--base", required=True, help="local copy of the head (or another version)")
     p.add_argument("--snapshot", action="store_true", help="also store a full snapshot")
-    p.add_argument("--level", type=int, default=None, help="zstd level (default: automatic)")
-    p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
-    _signing_args(p)
+    options.add_encoding(p)
+    options.add_signing(p)
     p.set_defaults(func=_cmd_append)
-    p = sub.add_parser("squash", help="publish one link composed of the links between versions")
+
+
+def _register_maintainers(commands: Commands) -> None:
+    p = commands.add_parser(
+        "squash", help="publish one link composed of the links between versions"
+    )
     _common(p, cache=True, threads=True)
     p.add_argument("--from", dest="source", required=True, help="older version")
     p.add_argument("--to", dest="target", default="head", help="newer version (default head)")
     p.add_argument("--base", default=None, help="local checkpoint at --from (else its snapshot)")
-    _signing_args(p)
+    options.add_signing(p)
     p.set_defaults(func=_cmd_squash)
-    p = sub.add_parser("prune", help="drop links and snapshots outside a retention policy")
+    p = commands.add_parser("prune", help="drop links and snapshots outside a retention policy")
     _common(p)
-    p.add_argument(
-        "--snapshot-every", type=int, required=True, help="keep snapshots of every Nth version"
-    )
+    p.add_argument("--snapshot-every", type=int, required=True,
+                   help="keep snapshots of every Nth version")  # fmt: skip
     p.add_argument("--keep-links", type=int, required=True, help="keep the last K links")
     p.add_argument("--keep-revisions", type=int, default=10, help="manifest revisions kept (10)")
-    p.add_argument(
-        "--dry-run", action="store_true", help="print what would be removed, remove nothing"
-    )
-    _signing_args(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print what would be removed, remove nothing")  # fmt: skip
+    options.add_signing(p)
     p.set_defaults(func=_cmd_prune)
 
 
-def _register_readers(sub: Any) -> None:
-    p = sub.add_parser("log", help="the history of versions")
+def _register_checkers(commands: Commands) -> None:
+    p = commands.add_parser("log", help="the history of versions")
     _common(p)
-    p.add_argument("--json", action="store_true", help="the head manifest as JSON")
-    _signing_args(p, writer=False)
+    options.add_json(p, "the head manifest as JSON")
+    options.add_trust(p)
     p.set_defaults(func=_cmd_log)
-    p = sub.add_parser("verify", help="check every manifest rule, digest and header")
+    p = commands.add_parser("verify", help="check every manifest rule, digest and header")
     _common(p, cache=True)
-    p.add_argument(
-        "--deep", action="store_true", help="also rebuild every version and apply every link"
-    )
+    p.add_argument("--deep", action="store_true",
+                   help="also rebuild every version and apply every link")  # fmt: skip
     p.set_defaults(func=_cmd_verify)
-    p = sub.add_parser("check", help="check one manifest revision file (and --store's files)")
+    p = commands.add_parser("check", help="check one manifest revision file (and --store's files)")
     p.add_argument("manifest", help="a manifest file named rev-RRRRRRRRRRRR.json")
     p.add_argument("--store", default=None, help="the chain's root: verify every listed file")
-    p.add_argument("--trust", default=None, metavar="ROOT", help="check its signatures in --store")
-    p.add_argument(
-        "--after",
-        default=None,
-        metavar="SEEN",
-        help="a revision file accepted before: refuse a rollback or fork from it (RD-1)",
-    )
+    options.add_trust(p, "check its signatures in --store")
+    p.add_argument("--after", default=None, metavar="SEEN",
+                   help="a revision file accepted before: refuse a rollback or fork from it "
+                   "(RD-1)")  # fmt: skip
     p.add_argument(
         "--state", default=None, metavar="FILE",
         help="a node's acceptance state (needs --store): RD-1 and the trust it records",
     )  # fmt: skip
-    p.add_argument("--quiet", "-q", action="store_true", help="no output on success")
+    options.add_quiet(p, "no output on success")
     p.set_defaults(func=_cmd_check)
-    p = sub.add_parser("pull", help="bring a local checkpoint to the head or --to VERSION")
+
+
+def _register_pull(commands: Commands) -> None:
+    p = commands.add_parser("pull", help="bring a local checkpoint to the head or --to VERSION")
     _common(p, cache=True, threads=True)
     p.add_argument("local", help="the node's checkpoint file (or symlink to a sharded folder)")
     p.add_argument("--to", default="head", help="version: number, step:N, digest prefix or head")
-    p.add_argument(
-        "--tensors",
-        default=None,
-        metavar="PATTERN",
-        help="partial pull: comma-separated globs of tensor names",
-    )
+    p.add_argument("--tensors", default=None, metavar="PATTERN",
+                   help="partial pull: comma-separated globs of tensor names")  # fmt: skip
     p.add_argument("--follow", action="store_true", help="keep polling and applying new versions")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between polls (10)")
     p.add_argument("--max-iterations", type=int, default=None, help="stop after N polls")
     p.add_argument("--timeout", type=float, default=None, help="stop after S seconds")
-    p.add_argument(
-        "--cache-max-bytes",
-        type=int,
-        default=None,
-        help="after each pull, shrink the cache to this size (least recently used first)",
-    )
-    p.add_argument(
-        "--backoff-cap",
-        type=float,
-        default=300.0,
-        help="longest wait in seconds between retries of a failing --follow poll (300)",
-    )
-    _signing_args(p, writer=False)
-    p.add_argument(
-        "--state",
-        default=None,
-        metavar="FILE",
-        help="where the accepted head revision is kept, to refuse a rolled-back chain "
-        "(default: .LOCAL.wdelta-accepted.json beside LOCAL)",
-    )
+    p.add_argument("--cache-max-bytes", type=int, default=None,
+                   help="after each pull, shrink the cache to this size (least recently used "
+                   "first)")  # fmt: skip
+    p.add_argument("--backoff-cap", type=float, default=300.0,
+                   help="longest wait in seconds between retries of a failing --follow poll "
+                   "(300)")  # fmt: skip
+    options.add_trust(p)
+    p.add_argument("--state", default=None, metavar="FILE",
+                   help="where the accepted head revision is kept, to refuse a rolled-back "
+                   "chain (default: .LOCAL.wdelta-accepted.json beside LOCAL)")  # fmt: skip
     p.add_argument(
         "--max-age", default=None, metavar="DURATION",
         help="refuse (error: frozen) a head published longer ago: 90s, 30m, 12h, 7d",
     )  # fmt: skip
-    p.add_argument(
-        "--accept-rollback",
-        action="store_true",
-        help="accept the current head even if lower than (or a rewrite of) the accepted one",
-    )
+    p.add_argument("--accept-rollback", action="store_true",
+                   help="accept the current head even if lower than (or a rewrite of) the "
+                   "accepted one")  # fmt: skip
     p.add_argument(
         "--allow-unsigned", action="store_true",
         help="read without --trust although this node accepted signed revisions "
         "(its state then stops requiring signatures)",
     )  # fmt: skip
     p.set_defaults(func=_cmd_pull)
-    p = sub.add_parser("gc", help="remove cache entries the head no longer names, then LRU")
-    _common(p, cache=True)
-    p.add_argument("--max-bytes", type=int, default=None, help="shrink the cache to this size")
-    p.set_defaults(func=_cmd_gc)
-    p = sub.add_parser("check-storage", help="test a store against the storage contract (ST-1..3)")
-    p.add_argument(
-        "url", help="a folder, s3://BUCKET/PREFIX or hf://...; keys go under a new prefix"
-    )
-    p.add_argument("--json", action="store_true", help="the verdicts as JSON")
-    p.add_argument("--writers", type=int, default=8, help="concurrent create-only writers (8)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds of the create race (3)")
-    p.set_defaults(func=_cmd_check_storage)
