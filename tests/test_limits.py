@@ -65,7 +65,7 @@ def test_constant_states_the_spec_value(quantity: str, limit: str) -> None:
 
 def test_derived_payload_limits_follow_from_the_chunk_limit() -> None:
     largest = limits.MAX_CHUNK_ELEMENTS
-    assert limits.MAX_DENSE_RAW_BYTES == largest * 8
+    assert largest * 8 == limits.MAX_DENSE_RAW_BYTES
     assert 24 + largest * (8 + 5) < limits.MAX_SPARSE_RAW_BYTES
 
 
