@@ -25,7 +25,7 @@ from ..checkpoint.source import (
     is_shard_name,
 )
 from ..codec import chunk as chunk_codec
-from ..codec import values as values_coding
+from ..codec import coded_values
 from ..errors import BadArgumentError, CheckpointInvalidError, LimitExceededError
 from ..format import compact, inline_blobs, strictjson
 from ..format.container import PREFIX_SIZE, pack_prefix
@@ -36,6 +36,7 @@ from ..io import prepend
 from ..io.atomic import atomic_file
 from ..io.output_file import BackgroundSync, pwrite_all, start_writeback
 from ..limits import MAX_CHUNK_ELEMENTS, MAX_HEADER_BYTES
+from ..policy import chunk as chunk_policy
 from .pipeline import Aborted, ChunkTask, Sequencer, batch_limit, batched_map, chunk_tasks
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
@@ -178,7 +179,7 @@ def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -
     encoded: chunk_codec.Encoded | None
     if plan.op == "modified":
         assert base is not None and target is not None
-        encoded = chunk_codec.encode_modified(
+        encoded = chunk_policy.encode_modified(
             base, target, opts.level, not opts.reversible, opts.coded_values
         )
     elif plan.op == "added":
@@ -365,7 +366,7 @@ def diff_checkpoints(
                 blobs.finish()
             finally:
                 blobs.close()
-        used = [(values_coding.FEATURE, blobs.coded_values), (inline_blobs.FEATURE, blobs.inlined)]
+        used = [(coded_values.FEATURE, blobs.coded_values), (inline_blobs.FEATURE, blobs.inlined)]
         features = [name for name, on in used if on]
         header = _header_bytes(base, target, plans, opts, features)
         _check_header_size(header, plans, opts)
