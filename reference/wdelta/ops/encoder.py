@@ -32,6 +32,7 @@ from ..format.container import PREFIX_SIZE, pack_prefix
 from ..format.digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest, digest_bytes
 from ..format.header import FORMAT_VERSION
 from ..format.layout import side_json
+from ..format.names import Op
 from ..io import prepend
 from ..io.atomic import atomic_file
 from ..io.output_file import BackgroundSync, pwrite_all, start_writeback
@@ -52,7 +53,7 @@ Progress = Callable[[int], None]
 class _Plan:
     """One tensor entry to produce: its op and the tensors it reads."""
 
-    op: str  # "modified" (may turn out unchanged), "added" or "removed"
+    op: Op  # "modified" (may turn out unchanged), "added" or "removed"
     base: Tensor | None
     target: Tensor | None
     chunks: list[dict[str, Any]] = field(default_factory=list)
