@@ -73,7 +73,7 @@ def run_cli(args: list[str]) -> ChildRun:
 
 def warm_up() -> None:
     """Fill the children's bytecode cache: every wdelta module and its imports."""
-    code = "import wdelta.cli, wdelta.io.malloc_tuning, wdelta.codec.chunk"
+    code = "import wdelta.cli, wdelta.io.malloc_tuning, wdelta.policy.chunk"
     subprocess.run([sys.executable, "-c", code], check=True, env=CHILD_ENV)
 
 

@@ -21,7 +21,9 @@ import numpy as np
 import peers
 import zstandard
 
-from wdelta.codec import chunk, estimate, planes, transform
+from wdelta.codec import planes, transform
+from wdelta.policy import chunk as chunk_policy
+from wdelta.policy import transform as transform_policy
 
 
 def _dense(kind: str, b: peers.Array, t: peers.Array, level: int) -> int:
@@ -42,7 +44,7 @@ def pooled_plane_bytes(loaded: peers.Loaded) -> float:
     if not values:
         return 0.0
     words = np.concatenate(values)
-    return estimate.value_bits(words) * len(words) / 8
+    return transform_policy.value_bits(words) * len(words) / 8
 
 
 def sizes(loaded: peers.Loaded) -> dict[str, float]:
@@ -51,10 +53,9 @@ def sizes(loaded: peers.Loaded) -> dict[str, float]:
     for name, (_, b, t) in loaded.tensors.items():
         if not name.endswith("_scale_inv"):
             continue
+        chosen = chunk_policy.encode_modified(b.copy(), t.copy(), None, False)
         choices = {
-            "encoder's choice": chunk.encode_modified(b.copy(), t.copy(), None, False).fields[
-                "length"
-            ],
+            "encoder's choice": chosen.fields["length"],
             "information bound": bound.chunk_bound(b, t).bytes,
             "elements": len(b),
             "raw F32 words": b.nbytes,

@@ -2,7 +2,7 @@
 
     python bench/stages.py BASE.safetensors TARGET.safetensors [--chunk-elements N]
 
-Runs the steps of ``wdelta.codec.chunk.encode_modified`` (sparse path) on
+Runs the steps of ``wdelta.policy.chunk.encode_modified`` (sparse path) on
 every chunk of every tensor the two files share, on one thread, and prints
 seconds, share and nanoseconds per element of each step.  Dense and full
 candidates (tried above 1/2 density only), the header and the output file are
@@ -22,10 +22,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from wdelta.checkpoint.source import open_checkpoint
-from wdelta.codec import chunk, codec, estimate, sparse, transform
+from wdelta.codec import blob, sparse, transform
 from wdelta.format.digest import new_hasher
 from wdelta.io.malloc_tuning import keep_chunk_buffers
 from wdelta.ops.encoder import DEFAULT_CHUNK_ELEMENTS
+from wdelta.policy import chunk as chunk_policy
+from wdelta.policy import rice
+from wdelta.policy import transform as transform_policy
 
 R = TypeVar("R")
 
@@ -48,35 +51,35 @@ def encode_chunk(clock: Clock, b: np.ndarray[Any, Any], t: np.ndarray[Any, Any])
     h = new_hasher(2, b.nbytes)  # as the encoder's two workers hash: single-threaded
     clock("BLAKE3 of base and target", h.update, b.data.cast("B"))
     clock("BLAKE3 of base and target", h.update, t.data.cast("B"))
-    padded = clock("mask (base != target)", chunk._mask, b, t)
+    padded = clock("mask (base != target)", chunk_policy._mask, b, t)
     mask = padded[: len(b)]
     count = int(clock("mask (base != target)", np.count_nonzero, mask))
     if count == 0:
         return
-    if count >= len(b) * chunk.BITMAP_DENSITY:
+    if count >= len(b) * chunk_policy.BITMAP_DENSITY:
         payload = bitmap_chunk(clock, b, t, mask, count)
     else:
-        pos = clock("positions (flatnonzero)", chunk._mask_positions, padded, len(b), count)
-        sampled = clock("transform pick (sample)", estimate.sample, pos)
-        kind = clock("transform pick (sample)", chunk._pick_transform, b, t, sampled)
+        pos = clock("positions (flatnonzero)", chunk_policy._mask_positions, padded, len(b), count)
+        sampled = clock("transform pick (sample)", transform_policy.sample, pos)
+        kind = clock("transform pick (sample)", transform_policy.pick, b, t, sampled)
         bv = clock("values (gather + transform)", b.take, pos)
         tv = clock("values (gather + transform)", t.take, pos)
         values = clock("values (gather + transform)", transform.encode, kind, bv, tv)
-        plan = clock("payload (Rice + planes)", sparse.plan_positions, pos, len(b))
+        plan = clock("payload (Rice + planes)", rice.plan_positions, pos, len(b))
         parts = clock("payload (Rice + planes)", sparse.parts, pos, values, len(b), plan)
         payload, _ = clock("payload (Rice + planes)", parts.v1)
-    clock("zstd (auto parameters)", codec.compress, payload, None)
+    clock("zstd (auto parameters)", blob.compress, payload, None)
 
 
 def bitmap_chunk(
     clock: Clock, b: np.ndarray[Any, Any], t: np.ndarray[Any, Any], mask: Any, count: int
 ) -> memoryview:
-    """``chunk._bitmap_payload`` step by step (its block loop unrolled here)."""
-    sampled = clock("transform pick (sample)", estimate.sample_mask, mask, count)
-    kind = clock("transform pick (sample)", chunk._pick_transform, b, t, sampled)
+    """``chunk_policy._bitmap_payload`` step by step (its block loop unrolled here)."""
+    sampled = clock("transform pick (sample)", transform_policy.sample_mask, mask, count)
+    kind = clock("transform pick (sample)", transform_policy.pick, b, t, sampled)
     payload = clock("payload (bitmap + planes)", sparse.BitmapPayload, mask, count, b.dtype)
-    for lo in range(0, len(b), chunk.BLOCK_ELEMENTS):
-        hi = lo + chunk.BLOCK_ELEMENTS
+    for lo in range(0, len(b), chunk_policy.BLOCK_ELEMENTS):
+        hi = lo + chunk_policy.BLOCK_ELEMENTS
         pos = clock("positions (flatnonzero)", np.flatnonzero, mask[lo:hi])
         d = clock("values (gather + transform)", transform.difference, kind, b[lo:hi], t[lo:hi])
         values = clock("values (gather + transform)", d.take, pos)

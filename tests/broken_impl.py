@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
+import wdelta.codec.coded_values
 import wdelta.codec.positions
-import wdelta.codec.values
 import wdelta.format.compact
 import wdelta.format.container
 import wdelta.format.header
@@ -165,19 +165,19 @@ def same_as_own_path() -> None:
 
 def coded_no_level_cap() -> None:
     """Accept any number of split levels (V1 dropped)."""
-    wdelta.codec.values.MAX_LEVELS = 255
+    wdelta.codec.coded_values.MAX_LEVELS = 255
 
 
 def coded_one_level_less() -> None:
     """An off-by-one loop: one split level fewer than L is read."""
-    decode = wdelta.codec.values.decode
+    decode = wdelta.codec.coded_values.decode
 
     def short(view: memoryview, count: int, word: Any) -> Any:
         data = bytearray(view)
         data[0] = max(0, data[0] - 1)
         return decode(memoryview(bytes(data)), count, word)
 
-    wdelta.codec.values.decode = short
+    wdelta.codec.coded_values.decode = short
 
 
 def compact_codec_zstd() -> None:

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import wdelta
-import wdelta.codec.chunk
 import wdelta.io.output_file
 import wdelta.io.prepend
 import wdelta.ops.decoder
+import wdelta.policy.chunk
 from kit import (
     RawTensor,
     leftovers,
@@ -152,7 +152,7 @@ def test_crash_mid_diff_leaves_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     base, target, folder = pair
-    real = wdelta.codec.chunk.encode_modified
+    real = wdelta.policy.chunk.encode_modified
     calls = {"n": 0}
 
     def failing(*args: Any) -> Any:
@@ -161,7 +161,7 @@ def test_crash_mid_diff_leaves_nothing(
         calls["n"] += 1
         return real(*args)
 
-    monkeypatch.setattr(wdelta.codec.chunk, "encode_modified", failing)
+    monkeypatch.setattr(wdelta.policy.chunk, "encode_modified", failing)
     out = tmp_path / "d.wdelta"
     out.write_bytes(b"older delta")
     with unchanged_inputs(folder), pytest.raises(type(error)):

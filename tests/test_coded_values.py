@@ -20,8 +20,11 @@ from hypothesis import strategies as st
 import wdelta
 from kit import RawTensor, safetensors_bytes
 from test_cli import assert_ok, run
-from wdelta.codec import chunk, codec, leb128, sparse, values
+from wdelta.codec import blob, chunk, coded_values, leb128, sparse
 from wdelta.errors import EncodingInvalidError, IndexOutOfRangeError, WdeltaError
+from wdelta.policy import chunk as chunk_policy
+from wdelta.policy import rice, values
+from wdelta.policy.values import SparseValues
 
 WIDTHS = (np.uint8, np.uint16, np.uint32, np.uint64)
 
@@ -46,11 +49,13 @@ def value_arrays(draw: st.DrawFn) -> np.ndarray:
 
 
 def _decode(data: bytes, count: int, dtype: np.dtype) -> np.ndarray:
-    return values.decode(memoryview(data), count, dtype)
+    return coded_values.decode(memoryview(data), count, dtype)
 
 
 @settings(max_examples=150, deadline=None)
-@given(v=value_arrays(), levels=st.integers(0, values.MAX_LEVELS), final=st.sampled_from([0, 1]))
+@given(
+    v=value_arrays(), levels=st.integers(0, coded_values.MAX_LEVELS), final=st.sampled_from([0, 1])
+)
 def test_every_coded_form_round_trips(v: np.ndarray, levels: int, final: int) -> None:
     coded = values.encode_as(v, levels, final)
     assert coded.data[0] == min(levels, len(np.unique(v)))
@@ -108,7 +113,7 @@ def test_whole_sparse_payload_bit_flips_are_refused_or_decode_in_range(
     assume(len(v) > 0)
     m = 2 * len(v) + data.draw(st.integers(0, 64))
     pos = np.sort(data.draw(st.permutations(range(m)))[: len(v)]).astype(np.int64)
-    recoded = sparse.parts(pos, v, m, sparse.plan_positions(pos, m)).coded(m, 1 << 20)
+    recoded = SparseValues(sparse.parts(pos, v, m, rice.plan_positions(pos, m))).coded(m, 1 << 20)
     assume(recoded is not None)
     assert recoded is not None
     got_pos, got = sparse.decode(recoded[0], m, v.dtype, coded=True, changed=len(v))
@@ -182,10 +187,8 @@ def test_value_coding_1_needs_the_feature() -> None:
     """S2: byte 2 = 1 is refused unless the header lists coded-values."""
     v = np.array([1, 2, 1, 1], dtype=np.uint16)
     pos = np.array([0, 3, 5, 9], dtype=np.int64)
-    payload, _ = sparse.parts(pos, v, 16, sparse.plan_positions(pos, 16)).coded(16, 1 << 20) or (
-        b"",
-        [],
-    )
+    parts = sparse.parts(pos, v, 16, rice.plan_positions(pos, 16))
+    payload, _ = SparseValues(parts).coded(16, 1 << 20) or (b"", [])
     assert payload[2] == 1
     got_pos, got = sparse.decode(payload, 16, v.dtype, coded=True, changed=4)
     assert got_pos.tolist() == pos.tolist() and got.tolist() == v.tolist()
@@ -204,9 +207,9 @@ def test_short_head_drops_the_count_and_fixed_width_fields(
     pos = np.array(sorted(positions), dtype=np.int64)
     v = np.array(data.draw(st.lists(st.sampled_from([1, 2, 3, 9]), min_size=len(pos),
                                     max_size=len(pos))), dtype=np.uint16)  # fmt: skip
-    plan = sparse.plan_positions(pos, 4096)
+    plan = rice.plan_positions(pos, 4096)
     plain = sparse.encode(pos, v, 4096, plan)
-    found = sparse.parts(pos, v, 4096, plan).coded(4096, 1 << 20)
+    found = SparseValues(sparse.parts(pos, v, 4096, plan)).coded(4096, 1 << 20)
     if found is None:
         return
     payload, starts = found
@@ -288,7 +291,7 @@ def _large_skewed_chunk(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return base, (base.astype(np.int64) + step).astype(np.uint16)
 
 
-@pytest.mark.parametrize("sure_gain", [chunk.SURE_GAIN, 2.0])
+@pytest.mark.parametrize("sure_gain", [chunk_policy.SURE_GAIN, 2.0])
 def test_large_payload_codes_values_with_one_or_two_compressions(
     sure_gain: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -298,7 +301,7 @@ def test_large_payload_codes_values_with_one_or_two_compressions(
     estimates serve both attempts) and the chunk decodes to the target."""
     base, target = _large_skewed_chunk(3)
     calls: list[int] = []
-    compress = codec.compress
+    compress = blob.compress
     costed: list[int] = []
     costs = values.costs
 
@@ -312,14 +315,14 @@ def test_large_payload_codes_values_with_one_or_two_compressions(
         calls.append(len(raw))
         return compress(raw, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(chunk, "SURE_GAIN", sure_gain)
-    monkeypatch.setattr(codec, "compress", counted)
-    found = chunk.encode_modified(base, target, None, False, coded=True)
+    monkeypatch.setattr(chunk_policy, "SURE_GAIN", sure_gain)
+    monkeypatch.setattr(blob, "compress", counted)
+    found = chunk_policy.encode_modified(base, target, None, False, coded=True)
     assert found.coded and found.fields["encoding"] == "sparse"
     assert len(calls) == (1 if sure_gain < 1 else 2)
     assert len(costed) == 1
     fields = found.fields
-    raw = codec.decompress(fields["codec"], bytes(found.blob or b""), fields["raw_length"])
+    raw = blob.decompress(fields["codec"], bytes(found.blob or b""), fields["raw_length"])
     out = chunk.decode("sparse", fields["transform"], raw, base.copy(), len(base), base.dtype,
                        False, fields["changed"], coded=True)  # fmt: skip
     assert np.array_equal(out, target)

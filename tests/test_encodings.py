@@ -1,8 +1,9 @@
 """Chunk-level encodings against a pure-Python reading of the format.
 
 Each function of ``wdelta.codec`` (transforms, byte planes, Rice and bitmap
-position codings, the sparse payload, the per-chunk encoder/decoder and the
-blob codec) is checked with Hypothesis for every word size: round trips,
+position codings, the sparse payload, the per-chunk decoder and the blob
+codec) and of the encoder's choices in ``wdelta.policy`` is checked with
+Hypothesis for every word size: round trips,
 byte-for-byte agreement with an independent reference encoder written from
 the spec text, and refusal of malformed payloads with the right category.
 """
@@ -30,13 +31,17 @@ from kit import (
     word_dtype,
     zstd_frame,
 )
-from wdelta.codec import chunk, codec, estimate, planes, positions, sparse, transform
+from wdelta.codec import blob, chunk, planes, positions, sparse, transform
 from wdelta.errors import (
     EncodingInvalidError,
     IndexOutOfRangeError,
     UnsupportedFeatureError,
     WdeltaError,
 )
+from wdelta.format.names import CODECS
+from wdelta.policy import chunk as chunk_policy
+from wdelta.policy import rice
+from wdelta.policy import transform as transform_policy
 
 SIZES = (1, 2, 4, 8)
 KINDS = ("xor", "sub")
@@ -144,16 +149,16 @@ def test_best_rice_k_is_the_first_smallest_candidate(ps: tuple[Any, int]) -> Non
     encoders of the same version make the same deltas."""
     pos, _ = ps
     gaps = positions.gaps_of(pos)
-    sample = gaps[:: max(1, len(gaps) // positions._K_SAMPLE)]
-    ks = positions.rice_k_candidates(float(np.mean(sample)) if len(sample) else 0.0)
-    assert positions.best_rice_k(gaps) == min(ks, key=lambda k: positions.rice_bits(sample, k))
+    sample = gaps[:: max(1, len(gaps) // rice.K_SAMPLE)]
+    ks = rice.rice_k_candidates(float(np.mean(sample)) if len(sample) else 0.0)
+    assert rice.best_rice_k(gaps) == min(ks, key=lambda k: positions.rice_bits(sample, k))
 
 
 @given(ps=position_sets())
 def test_best_rice_k_is_near_optimal(ps: tuple[Any, int]) -> None:
     pos, _ = ps
     gaps = positions.gaps_of(pos)
-    k = positions.best_rice_k(gaps)
+    k = rice.best_rice_k(gaps)
     assert 0 <= k <= positions.MAX_RICE_K
     best = min(positions.rice_bits(gaps, j) for j in range(positions.MAX_RICE_K + 1))
     # The window search may miss the optimum, but never by more than one bit per gap.
@@ -220,14 +225,14 @@ def test_sparse_both_codings(size: int, ps: tuple[Any, int], data: st.DataObject
 @given(ps=position_sets(max_m=5000))
 def test_plan_positions_picks_the_smaller_exact_size(ps: tuple[Any, int]) -> None:
     pos, m = ps
-    plan = sparse.plan_positions(pos, m)
+    plan = rice.plan_positions(pos, m)
     bitmap = (m + 7) // 8
     unary, rem = ref_rice([int(p) for p in pos], plan.k if plan.coding == sparse.RICE else 0)
     if plan.coding == sparse.RICE:
         assert plan.nbytes == 8 + len(unary) + len(rem) < bitmap
     else:
         assert plan.nbytes == bitmap
-        k = positions.best_rice_k(positions.gaps_of(pos))
+        k = rice.best_rice_k(positions.gaps_of(pos))
         unary, rem = ref_rice([int(p) for p in pos], k)
         assert 8 + len(unary) + len(rem) >= bitmap
     values = np.ones(len(pos), np.uint16)
@@ -298,7 +303,7 @@ def test_sparse_decode_never_crashes(coding: int, data: st.DataObject) -> None:
 def test_chunk_encode_decode_round_trip(size: int, data: st.DataObject) -> None:
     base, target = data.draw(pairs(size))
     allow_full = data.draw(st.booleans())
-    enc = chunk.encode_modified(base, target, 3, allow_full)
+    enc = chunk_policy.encode_modified(base, target, 3, allow_full)
     f = enc.fields
     m = len(base)
     changed = int(np.count_nonzero(base != target))
@@ -308,7 +313,7 @@ def test_chunk_encode_decode_round_trip(size: int, data: st.DataObject) -> None:
         return
     assert enc.blob is not None and f["length"] == len(enc.blob)
     assert f["encoding"] in (("sparse", "dense", "full") if allow_full else ("sparse", "dense"))
-    payload = codec.decompress(f["codec"], enc.blob, f["raw_length"])
+    payload = blob.decompress(f["codec"], enc.blob, f["raw_length"])
     kind = f.get("transform")
     # decode may work in place on its input (documented for sparse): pass copies.
     forward = chunk.decode(f["encoding"], kind, payload, base.copy(), m, base.dtype, False, changed)
@@ -336,11 +341,13 @@ def test_bitmap_chunk_built_block_by_block_matches_reference(
     changed = rng.random(m) < data.draw(st.sampled_from([0.2, 0.5, 1.0]))
     target[changed] ^= rng.integers(1, 256, int(changed.sum()), dtype=np.uint8).astype(base.dtype)
     pos = np.flatnonzero(changed)
-    if len(pos) < m * chunk.BITMAP_DENSITY:
+    if len(pos) < m * chunk_policy.BITMAP_DENSITY:
         return
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(chunk, "BLOCK_ELEMENTS", block)
-        kind, parts = chunk._sparse_payload(base, target, chunk._mask(base, target), len(pos))
+        patch.setattr(chunk_policy, "BLOCK_ELEMENTS", block)
+        kind, parts = chunk_policy._sparse_payload(
+            base, target, chunk_policy._mask(base, target), len(pos)
+        )
     payload, _ = parts.v1()
     w = 8 * size
     values = [ref_transform(kind, int(base[i]), int(target[i]), w) for i in pos]
@@ -363,10 +370,10 @@ def test_transform_samples_are_changed_positions(ps: tuple[Any, int]) -> None:
     pos, m = ps
     mask = np.zeros(m, np.bool_)
     mask[pos] = True
-    for got in (estimate.sample(pos), estimate.sample_mask(mask, len(pos))):
+    for got in (transform_policy.sample(pos), transform_policy.sample_mask(mask, len(pos))):
         assert np.isin(got, pos).all() and (np.diff(got) > 0).all()
         if len(got) < len(pos):
-            assert estimate.SAMPLE // 4 <= len(got) <= 4 * estimate.SAMPLE
+            assert transform_policy.SAMPLE // 4 <= len(got) <= 4 * transform_policy.SAMPLE
         else:
             assert got.tolist() == pos.tolist()
 
@@ -384,14 +391,14 @@ def test_mask_positions_are_the_changed_positions(m: int, density: float, seed: 
     target = base.copy()
     changed = rng.random(m) < density
     target[changed] ^= rng.integers(1, 1 << 16, int(changed.sum()), dtype=np.uint16)
-    padded = chunk._mask(base, target)
+    padded = chunk_policy._mask(base, target)
     assert padded[:m].tolist() == changed.tolist()
     padded[m:] = False  # unset room (np.empty): any set entry after the call is padding
-    got = chunk._mask_positions(padded, m, int(changed.sum()))
+    got = chunk_policy._mask_positions(padded, m, int(changed.sum()))
     assert got.tolist() == np.flatnonzero(changed).tolist()
     # Padding is appended exactly in the band.
     c = int(changed.sum())
-    assert padded[m:].any() == (chunk.PAD_MIN_DENSITY * m <= c <= m / 10 and c > 0)
+    assert padded[m:].any() == (chunk_policy.PAD_MIN_DENSITY * m <= c <= m / 10 and c > 0)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -400,7 +407,7 @@ def test_encode_full_stores_target_bytes(size: int) -> None:
     enc = chunk.encode_full(w, 3)
     assert enc.fields["encoding"] == "full" and enc.fields["changed"] == 50
     assert enc.blob is not None
-    assert codec.decompress(enc.fields["codec"], enc.blob, enc.fields["raw_length"]) == w.tobytes()
+    assert blob.decompress(enc.fields["codec"], enc.blob, enc.fields["raw_length"]) == w.tobytes()
 
 
 def test_chunk_decode_refuses_wrong_changed_count() -> None:
@@ -408,7 +415,7 @@ def test_chunk_decode_refuses_wrong_changed_count() -> None:
     target = base.copy()
     target[[2, 4]] = 1
     pos = np.array([2, 4], np.int64)
-    payload = sparse.encode(pos, np.array([1, 1], np.uint8), 10, sparse.plan_positions(pos, 10))
+    payload = sparse.encode(pos, np.array([1, 1], np.uint8), 10, rice.plan_positions(pos, 10))
     with pytest.raises(EncodingInvalidError):
         chunk.decode("sparse", "xor", payload, base, 10, base.dtype, False, 3)
 
@@ -418,12 +425,12 @@ def test_chunk_decode_refuses_wrong_changed_count() -> None:
 
 @given(raw=st.binary(max_size=3000) | st.builds(lambda n: bytes(n), st.integers(0, 3000)))
 def test_codec_round_trip(raw: bytes) -> None:
-    name, stored = codec.compress(raw, 3)
-    assert name in codec.CODECS
+    name, stored = blob.compress(raw, 3)
+    assert name in CODECS
     assert len(stored) <= len(raw)
     if name == "none":
         assert stored == raw
-    assert codec.decompress(name, stored, len(raw)) == raw
+    assert blob.decompress(name, stored, len(raw)) == raw
 
 
 @given(
@@ -435,11 +442,11 @@ def test_codec_sections_round_trip_in_one_frame(
     raw: bytes, cuts: list[int], level: int | None
 ) -> None:
     """Blocks ending at section boundaries still make one frame that declares its size."""
-    name, stored = codec.compress(raw, level, sorted(cuts))
+    name, stored = blob.compress(raw, level, sorted(cuts))
     assert len(stored) <= len(raw)
     if name == "zstd":
         assert zstandard.frame_content_size(stored) == len(raw)
-    assert codec.decompress(name, stored, len(raw)) == raw
+    assert blob.decompress(name, stored, len(raw)) == raw
 
 
 def test_codec_sections_give_each_part_its_own_literal_table() -> None:
@@ -448,10 +455,10 @@ def test_codec_sections_give_each_part_its_own_literal_table() -> None:
     uniform = rng.integers(0, 256, 3000, dtype=np.uint8).tobytes()
     skewed = rng.choice(np.array([1, 2, 3, 255], np.uint8), 3000, p=[0.5, 0.4, 0.09, 0.01])
     raw = uniform + skewed.tobytes()
-    one = codec.compress(raw, None)[1]
-    split = codec.compress(raw, None, [len(uniform)])[1]
+    one = blob.compress(raw, None)[1]
+    split = blob.compress(raw, None, [len(uniform)])[1]
     assert len(split) < len(one) - 64  # 3,839 against 3,948 bytes with zstandard 0.25
-    assert codec.decompress("zstd", bytes(split), len(raw)) == raw
+    assert blob.decompress("zstd", bytes(split), len(raw)) == raw
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -493,7 +500,7 @@ PAYLOAD = bytes(range(256)) * 8
 )
 def test_codec_malformed(name: str, stored: bytes, raw_length: int) -> None:
     with pytest.raises(EncodingInvalidError):
-        codec.decompress(name, stored, raw_length)
+        blob.decompress(name, stored, raw_length)
 
 
 @given(data=st.data())
@@ -504,7 +511,7 @@ def test_codec_corrupt_frame_never_crashes(data: st.DataObject) -> None:
     i = data.draw(st.integers(0, len(frame) - 1))
     frame[i] ^= data.draw(st.integers(1, 255))
     try:
-        out = codec.decompress("zstd", bytes(frame), 4096)
+        out = blob.decompress("zstd", bytes(frame), 4096)
     except EncodingInvalidError:
         return
     assert len(out) == 4096
@@ -512,11 +519,11 @@ def test_codec_corrupt_frame_never_crashes(data: st.DataObject) -> None:
 
 def test_codec_unknown() -> None:
     with pytest.raises(UnsupportedFeatureError):
-        codec.decompress("lz4", b"", 0)
+        blob.decompress("lz4", b"", 0)
 
 
 def test_zstd_frame_is_single_frame_with_size() -> None:
-    name, stored = codec.compress(bytes(4096), 3)
+    name, stored = blob.compress(bytes(4096), 3)
     assert name == "zstd"
     assert zstandard.frame_content_size(stored) == 4096
 
@@ -525,32 +532,32 @@ def test_zstd_frame_is_single_frame_with_size() -> None:
 def test_handmade_zstd_frame_accepted(window_log: int | None) -> None:
     """Control for the tests below: a valid frame built by hand decodes."""
     frame = rle_zstd_frame(400, 5, window_log=window_log)
-    assert codec.decompress("zstd", frame, 400) == b"\x05" * 400
+    assert blob.decompress("zstd", frame, 400) == b"\x05" * 400
 
 
 @pytest.mark.parametrize("window_log", [28, 31])
 def test_zstd_window_over_limit(window_log: int) -> None:
     with pytest.raises(EncodingInvalidError):
-        codec.decompress("zstd", rle_zstd_frame(400, 5, window_log=window_log), 400)
+        blob.decompress("zstd", rle_zstd_frame(400, 5, window_log=window_log), 400)
 
 
 def test_zstd_dictionary_refused() -> None:
     with pytest.raises(EncodingInvalidError):
-        codec.decompress("zstd", rle_zstd_frame(400, 5, dict_id=7), 400)
+        blob.decompress("zstd", rle_zstd_frame(400, 5, dict_id=7), 400)
 
 
 def test_zstd_content_checksum_checked() -> None:
     frame = zstandard.ZstdCompressor(write_checksum=True).compress(bytes(400))
-    assert codec.decompress("zstd", frame, 400) == bytes(400)
+    assert blob.decompress("zstd", frame, 400) == bytes(400)
     with pytest.raises(EncodingInvalidError):
-        codec.decompress("zstd", frame[:-1] + bytes([frame[-1] ^ 1]), 400)
+        blob.decompress("zstd", frame[:-1] + bytes([frame[-1] ^ 1]), 400)
 
 
 def test_zstd_skippable_frame_refused() -> None:
     skippable = b"\x50\x2a\x4d\x18" + struct.pack("<I", 4) + b"abcd"
-    for blob in (skippable, skippable + rle_zstd_frame(400), rle_zstd_frame(400) + skippable):
+    for framed in (skippable, skippable + rle_zstd_frame(400), rle_zstd_frame(400) + skippable):
         with pytest.raises(EncodingInvalidError):
-            codec.decompress("zstd", blob, 400)
+            blob.decompress("zstd", framed, 400)
 
 
 @st.composite
@@ -574,8 +581,8 @@ def test_wide_word_scan_finds_exactly_the_changed_elements(size: int, data: st.D
     offset = data.draw(st.sampled_from([0, 1]))  # an unaligned view
     base, target = base[offset:], target[offset:]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(chunk, "WIDE_MIN_BYTES", 8)
-        pos = chunk._sparse_positions(base, target)
+        patch.setattr(chunk_policy, "WIDE_MIN_BYTES", 8)
+        pos = chunk_policy._sparse_positions(base, target)
     if pos is not None:
         assert pos.tolist() == np.flatnonzero(base != target).tolist()
     if base.nbytes < 8 or base.nbytes % 8:
@@ -583,24 +590,26 @@ def test_wide_word_scan_finds_exactly_the_changed_elements(size: int, data: st.D
         return
     wide_base, wide_target = base.view(np.uint64), target.view(np.uint64)
     words = np.flatnonzero(wide_base != wide_target)
-    sparse_enough = len(words) * (8 // size) < len(base) * chunk.BITMAP_DENSITY
-    assert (pos is not None) == (sparse_enough and chunk._few_words_differ(wide_base, wide_target))
+    sparse_enough = len(words) * (8 // size) < len(base) * chunk_policy.BITMAP_DENSITY
+    assert (pos is not None) == (
+        sparse_enough and chunk_policy._few_words_differ(wide_base, wide_target)
+    )
 
 
 @given(n=st.integers(1, 5000), data=st.data())
 def test_the_wide_scan_sample_counts_differing_words_in_spread_runs(
     n: int, data: st.DataObject
 ) -> None:
-    idx = chunk._wide_sample(n)
-    run = min(chunk.WIDE_RUN, n // chunk.WIDE_WINDOWS)
-    assert len(idx) == (chunk.WIDE_WINDOWS * run if run else n)
+    idx = chunk_policy._wide_sample(n)
+    run = min(chunk_policy.WIDE_RUN, n // chunk_policy.WIDE_WINDOWS)
+    assert len(idx) == (chunk_policy.WIDE_WINDOWS * run if run else n)
     assert len(set(idx.tolist())) == len(idx) and idx.min() >= 0 and idx.max() < n
     base = np.zeros(n, np.uint64)
     differing = data.draw(st.integers(0, len(idx)))
     target = base.copy()
     target[idx[:differing]] = 1
-    assert chunk._few_words_differ(base, target) == (
-        differing * chunk.WIDE_MAX_DIFFERING <= len(idx)
+    assert chunk_policy._few_words_differ(base, target) == (
+        differing * chunk_policy.WIDE_MAX_DIFFERING <= len(idx)
     )
 
 
@@ -612,10 +621,10 @@ def test_wide_word_scan_leaves_the_chunk_bytes_unchanged(size: int, data: st.Dat
     base, target = data.draw(sparse_pairs(size))
     level = data.draw(st.sampled_from([None, 3]))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(chunk, "WIDE_MIN_BYTES", 8)
-        wide = chunk.encode_modified(base, target, level, False)
-        patch.setattr(chunk, "WIDE_MIN_BYTES", 1 << 62)
-        narrow = chunk.encode_modified(base, target, level, False)
+        patch.setattr(chunk_policy, "WIDE_MIN_BYTES", 8)
+        wide = chunk_policy.encode_modified(base, target, level, False)
+        patch.setattr(chunk_policy, "WIDE_MIN_BYTES", 1 << 62)
+        narrow = chunk_policy.encode_modified(base, target, level, False)
     assert wide.fields == narrow.fields
     assert (wide.blob is None) == (narrow.blob is None)
     if wide.blob is not None and narrow.blob is not None:
@@ -633,12 +642,12 @@ def test_value_bits_is_the_sum_of_plane_entropies_to_the_last_bit(
     expected = []
     for array in (values, others):
         bits = 0.0
-        for h in estimate.plane_histograms(array):
-            bits += estimate.entropy_bits(h)
+        for h in transform_policy.plane_histograms(array):
+            bits += transform_policy.entropy_bits(h)
         expected.append(bits)
-    assert estimate.value_bits(values) == expected[0]
+    assert transform_policy.value_bits(values) == expected[0]
     # Two arrays counted in one histogram (the transform pick): each as if alone.
-    assert estimate.value_bits_each(values, others) == expected
+    assert transform_policy.value_bits_each(values, others) == expected
 
 
 @given(

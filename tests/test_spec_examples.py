@@ -19,6 +19,7 @@ from kit import checkpoint_digest, ref_planes, ref_sparse, ref_transform, tensor
 from wdelta.codec import planes, sparse, transform
 from wdelta.format.digest import TensorIdentity
 from wdelta.format.digest import checkpoint_digest as library_digest
+from wdelta.policy import rice
 
 
 @pytest.mark.parametrize(
@@ -52,7 +53,7 @@ def test_rice_example_7_7() -> None:
     values = np.array([2, 1, 4, 3], np.uint16)
     assert sparse.encode(pos, values, 1024, sparse.PositionPlan(sparse.RICE, 3, 0)) == expected
     assert ref_sparse([3, 4, 10, 40], [2, 1, 4, 3], 2, 1024, 1, 3) == expected
-    plan = sparse.plan_positions(pos, 1024)
+    plan = rice.plan_positions(pos, 1024)
     assert (plan.coding, plan.k) == (sparse.RICE, 3)
     # The same chunk end to end: base all 1.0 (0x3F80), four changed words.
     base = np.full(1024, 0x3F80, np.uint16)

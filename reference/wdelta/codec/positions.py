@@ -1,4 +1,5 @@
-"""Sets of changed positions within a chunk: Rice-coded gaps or a bitmap.
+"""Sets of changed positions within a chunk (SPEC.md §7.6.2 bitmap, §7.6.3 Rice-coded
+gaps): each coding's writer, given its parameters, and its validating reader.
 
 Bit streams are LSB-first: stream bit n is bit (n & 7) of byte (n >> 3).
 Rice coding of the gaps g_i = p_i - p_{i-1} - 1 with parameter k puts the
@@ -10,7 +11,6 @@ a Python loop.
 
 from __future__ import annotations
 
-import math
 from functools import cache
 from typing import Any
 
@@ -20,7 +20,6 @@ from ..errors import EncodingInvalidError, IndexOutOfRangeError
 
 Positions = np.ndarray[Any, np.dtype[np.int64]]
 MAX_RICE_K = 31
-_K_SAMPLE = 1 << 16
 
 
 def gaps_of(positions: Positions) -> Positions:
@@ -35,26 +34,6 @@ def gaps_of(positions: Positions) -> Positions:
 def rice_bits(gaps: Positions, k: int) -> int:
     """Exact size in bits of both Rice streams for parameter k."""
     return int(np.sum(gaps >> k)) + len(gaps) * (k + 1)
-
-
-def rice_k_candidates(mean: float, top: int = MAX_RICE_K) -> range:
-    """The Rice parameters worth trying for values (gaps or words) of mean ``mean``:
-    the k near log2(mean · ln 2), best for geometric values, and its neighbours,
-    within 0 .. ``top``."""
-    scaled = mean * math.log(2)
-    centre = min(top, int(math.log2(scaled))) if scaled >= 1 else 0
-    return range(max(0, centre - 1), min(top, centre + 1) + 1)
-
-
-def best_rice_k(gaps: Positions) -> int:
-    """The k near log2(mean gap · ln 2) minimising size, judged on a sample of gaps."""
-    sample = gaps[:: max(1, len(gaps) // _K_SAMPLE)]
-    mean = float(np.mean(sample)) if len(sample) else 0.0
-    ks = rice_k_candidates(mean)
-    # rice_bits of every candidate from one shift and sum (a 40-gap chunk: 3 us, not 16).
-    shifted = sample >> np.arange(ks.start, ks.stop, dtype=np.int64)[:, None]
-    sizes = [int(q) + len(sample) * (k + 1) for q, k in zip(shifted.sum(axis=1), ks, strict=True)]
-    return ks[sizes.index(min(sizes))]
 
 
 def unary_ones(gaps: Positions, k: int) -> Positions:

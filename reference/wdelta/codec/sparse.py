@@ -1,17 +1,16 @@
-"""The ``sparse`` encoding: changed positions plus transformed values there.
+"""The ``sparse`` encoding (SPEC.md §7.6): changed positions plus transformed values there.
 
-Raw payload (SPEC.md "sparse"): u8 position coding (0 bitmap, 1 rice), u8 k,
+Raw payload: u8 position coding (0 bitmap, 1 rice), u8 k,
 u8 value coding.  Value coding 0 (v1): 5 zero bytes, u64 count c; then for
 bitmap ceil(m/8) bytes, for rice u64 U, U unary bytes and ceil(c·k/8)
 remainder bytes; then the c values as byte planes.  Value coding 1 (feature
 ``coded-values``, the short head): c is the chunk's ``changed``, not stored;
 then the bitmap, or ULEB128 U and the Rice streams; then the coded values
-(:mod:`.values`).  The payload length must be exactly what these fields imply.
+(:mod:`.coded_values`).  The payload length must be exactly what these fields imply.
 """
 
 from __future__ import annotations
 
-import functools
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import EncodingInvalidError
-from . import leb128, planes, positions, values
-from .values import Costs
+from . import coded_values, leb128, planes, positions
+from .coded_values import Coded
 
 BITMAP, RICE = 0, 1
 VALUE_PLANES, VALUE_CODED = 0, 1
@@ -37,7 +36,7 @@ def max_raw_length(m: int, size: int) -> int:
 
 @dataclass(frozen=True)
 class PositionPlan:
-    """The cheaper position coding for a chunk, its Rice k and exact size.
+    """A chunk's position coding, its Rice k and exact size, as the encoder chose them.
 
     ``gaps`` and ``ones`` (see :func:`positions.unary_ones`) cache what
     planning computed, so that encoding does not repeat it (None: derive).
@@ -50,37 +49,13 @@ class PositionPlan:
     ones: Positions | None = None
 
 
-def plan_positions(pos: Positions, m: int) -> PositionPlan:
-    """Compare the exact sizes of the bitmap and the best Rice coding."""
-    bitmap = (m + 7) // 8
-    gaps = positions.gaps_of(pos)
-    k = positions.best_rice_k(gaps)
-    ones = positions.unary_ones(gaps, k)
-    rice = 8 + int(ones[-1]) // 8 + 1 + (len(gaps) * k + 7) // 8
-    if rice < bitmap:
-        return PositionPlan(RICE, k, rice, gaps, ones)
-    return PositionPlan(BITMAP, 0, bitmap, gaps, ones)
-
-
-# Values that the codec stores in fewer bytes than this are not worth a try:
-# the per-chunk cost of counting and costing words is fixed, the gain small.
-# It was 128 until a held-out trace at lr 1e-7 (bench/realtrace.py --seed 4
-# --trace-lrs 1e-7,3e-6,1e-4) missed issue 15's whole-file allowance on fp8
-# (worst pair 1.0203): about 220 changes per weight tensor leave 60-80 bytes
-# of zstd'ed values per chunk, which coding brings to about 45.  At 32 that
-# pair is at 0.9633 and the main trace's fp8 deltas are 0.2% (lr 1e-5) and 0.6%
-# (lr 1e-6) smaller, for 6-10% more diff CPU on those small files
-# (bench/tracesizes.py); at 0 the gain over 32 is 0.1%.
-CODED_MIN_BYTES = 32
-
-
 @dataclass(frozen=True)
 class Parts:
     """A sparse payload before its values are laid out: the position coding, its
     Rice k, the unary stream's length U (0 for a bitmap), the position streams
     (the bitmap, or the unary and remainder streams) and the changed elements'
     values, contiguous and in position order.  :meth:`v1` lays the values out
-    as byte planes, :meth:`coded` codes them (feature ``coded-values``)."""
+    as byte planes, :meth:`short_form` lays out coded values (feature ``coded-values``)."""
 
     coding: int
     k: int
@@ -103,33 +78,15 @@ class Parts:
         remainders = [len(head) + self.unary_len] if self.coding == RICE else []
         return buf.data, remainders + [start + j * count for j in range(size)]
 
-    @functools.cached_property
-    def value_costs(self) -> Costs | None:
-        """The values' histogram and estimates, computed once for every :meth:`coded`
-        call: the encoder may cost a large payload before and after compressing it."""
-        return values.costs(self.values)
+    @property
+    def values_start(self) -> int:
+        """Where the values start in the :meth:`v1` payload."""
+        return _HEAD.size + (8 if self.coding == RICE else 0) + len(self.streams)
 
-    def coded(
-        self, m: int, stored: int | None, min_gain: float = 0.0
-    ) -> tuple[bytes, list[int]] | None:
-        """The payload with the short head and coded values (value coding 1), and
-        where its sections start; None when coding the values would not make the
-        payload smaller.  ``stored`` is the v1 payload's stored (compressed) length;
-        its part past the positions, which are counted raw, is taken as the
-        values' cost.  None: not compressed; the values' cost is then estimated
-        from their histogram, and they are coded only if that saves ``min_gain``
-        of it (see :func:`values.choose`)."""
-        count, size = len(self.values), self.values.dtype.itemsize
-        streams_at = _HEAD.size + (8 if self.coding == RICE else 0)
-        values_start = streams_at + len(self.streams)  # in the v1 payload
-        planes_bytes = count * size if stored is None else max(0, stored - values_start)
-        if planes_bytes < CODED_MIN_BYTES:
-            return None
-        costs = self.value_costs
-        known = None if stored is None else planes_bytes
-        found = None if costs is None else values.choose(costs, known, min_gain)
-        if found is None or values_start + len(found.data) > max_raw_length(m, size):
-            return None
+    def short_form(self, found: Coded) -> tuple[bytes, list[int]]:
+        """The payload with the short head and the coded values ``found`` (value
+        coding 1), and where its sections start: the Rice remainders (rice only),
+        then those of the coded values section."""
         head = bytes([self.coding, self.k, VALUE_CODED])
         if self.coding == RICE:
             head += leb128.encode(self.unary_len)
@@ -227,7 +184,7 @@ def _decode_short(
         raise EncodingInvalidError(f"sparse head invalid (coding {coding}, k {k}, value coding 1)")
     unary_len, start = (0, SHORT_HEAD) if coding == BITMAP else leb128.decode(view, SHORT_HEAD)
     pos, cursor = _read_positions(view, coding, k, count, m, start, unary_len, None)
-    return pos, values.decode(view[cursor:], count, word)
+    return pos, coded_values.decode(view[cursor:], count, word)
 
 
 def _read_positions(

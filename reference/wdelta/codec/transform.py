@@ -1,4 +1,4 @@
-"""Value transforms on stored words, never on float values (SPEC.md "Transforms").
+"""Value transforms on stored words, never on float values (SPEC.md §6).
 
 ``xor``: v = t ^ b.  ``sub``: d = (t - b) mod 2^w, stored zigzag-coded so that
 a small signed step (the common case for a bf16 update) has zero high bytes.
@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import UnsupportedFeatureError
+from ..format.names import TRANSFORMS, Transform
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
-TRANSFORMS = ("xor", "sub")
 
 
 def _check(kind: str) -> None:
@@ -41,7 +41,7 @@ def unzigzag(v: Words) -> Words:
     return v
 
 
-def difference(kind: str, base: Words, target: Words) -> Words:
+def difference(kind: Transform, base: Words, target: Words) -> Words:
     """``t ^ b`` or ``(t - b) mod 2^w``: the transform before :func:`code`."""
     _check(kind)
     if kind == "xor":
@@ -49,7 +49,7 @@ def difference(kind: str, base: Words, target: Words) -> Words:
     return np.subtract(target, base)
 
 
-def code(kind: str, d: Words) -> Words:
+def code(kind: Transform, d: Words) -> Words:
     """Finish :func:`difference` words into stored values, in place (zigzag for ``sub``).
 
     Done apart so that an encoder can gather the changed words first and
@@ -58,12 +58,12 @@ def code(kind: str, d: Words) -> Words:
     return zigzag(d) if kind == "sub" else d
 
 
-def encode(kind: str, base: Words, target: Words) -> Words:
+def encode(kind: Transform, base: Words, target: Words) -> Words:
     """Transformed words v for base and target words of equal length."""
     return code(kind, difference(kind, base, target))
 
 
-def to_target(kind: str, base: Words, v: Words) -> Words:
+def to_target(kind: Transform, base: Words, v: Words) -> Words:
     """Recover target words from base words and transformed words ``v``.
 
     ``v`` is consumed: it holds the result (or scratch) afterwards.
@@ -74,7 +74,7 @@ def to_target(kind: str, base: Words, v: Words) -> Words:
     return np.add(base, unzigzag(v), out=v)
 
 
-def to_base(kind: str, target: Words, v: Words) -> Words:
+def to_base(kind: Transform, target: Words, v: Words) -> Words:
     """Recover base words from target words and transformed words ``v`` (reverse).
 
     ``v`` is consumed: it holds the result (or scratch) afterwards.

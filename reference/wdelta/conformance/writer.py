@@ -22,10 +22,11 @@ from ..errors import BadArgumentError, EncodingInvalidError, HeaderInvalidError
 from ..format.container import PREFIX_SIZE, DeltaFile, open_delta
 from ..format.header import Header, TensorEntry, entries_json
 from ..format.layout import SideLayout
+from ..format.names import Encoding
 
 PAGE = 4096
 # Members a writer MUST NOT write, by encoding (SPEC §4.6, "ignored").
-IGNORED = {
+IGNORED: dict[Encoding, tuple[str, ...]] = {
     "unchanged": ("transform", "codec", "offset", "length", "raw_length", "checksum", "inline"),
     "full": ("transform",),
     "sparse": (),

@@ -26,6 +26,7 @@ from ..checkpoint.safetensors_header import FileLayout, build_header, parse_head
 from ..errors import CheckpointInvalidError, HeaderInvalidError
 from . import inline_blobs, strictjson
 from .dtypes import DType
+from .names import Codec
 
 FEATURE = "compact-header"
 # With this feature too, a chunk without "z" whose l equals its r has codec
@@ -64,7 +65,7 @@ def hex_digest(text: str) -> str:
         raise HeaderInvalidError(f"digest {text!r} is not base64url") from exc
 
 
-def _default_codec(chunk: dict[str, Any], raw_by_default: bool, inline: bool) -> str:
+def _default_codec(chunk: dict[str, Any], raw_by_default: bool, inline: bool) -> Codec:
     """The codec of a chunk without ``z`` (C2); ``inline``: the header lists
     ``inline-blobs``, so that an inline blob's size stands for ``l`` (§4.12)."""
     text = chunk.get("inline") if inline else None

@@ -16,7 +16,7 @@ from typing import Any
 import blake3
 
 from ..checkpoint.source import pread_into
-from ..codec import codec
+from ..codec.blob import decompress
 from ..errors import (
     BadMagicError,
     ChecksumMismatchError,
@@ -113,7 +113,7 @@ class DeltaFile:
         inline blob is covered by the header digest, checked at open)."""
         blob = chunk.inline if chunk.inline is not None else self.read_blob(chunk)
         with naming(self.path, WdeltaError):
-            return codec.decompress(chunk.codec, blob, chunk.raw_length)
+            return decompress(chunk.codec, blob, chunk.raw_length)
 
 
 def _read_header(fd: int, path: Path) -> tuple[Header, int, int]:

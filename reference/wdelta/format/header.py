@@ -11,13 +11,11 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..checkpoint.safetensors_header import FileLayout
-from ..codec import values as coded_values
-from ..codec.codec import CODECS
+from ..codec import coded_values
 from ..codec.sparse import max_raw_length
-from ..codec.transform import TRANSFORMS
 from ..errors import (
     HeaderInvalidError,
     LimitExceededError,
@@ -30,14 +28,13 @@ from . import compact, inline_blobs, schemas, strictjson
 from .digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest
 from .dtypes import DType, lookup
 from .layout import SideLayout, parse_side_layout
+from .names import CODECS, ENCODINGS, OPS, TRANSFORMS, Codec, Encoding, Op, Transform
 
 FORMAT_VERSION = 1
 KNOWN_FEATURES: frozenset[str] = frozenset(
     {compact.FEATURE, coded_values.FEATURE, inline_blobs.FEATURE}
 )
-OPS = ("unchanged", "modified", "added", "removed")
-ENCODINGS = ("unchanged", "sparse", "dense", "full")
-_OP_RANK = {"removed": 0, "unchanged": 1, "modified": 1, "added": 2}
+_OP_RANK: dict[Op, int] = {"removed": 0, "unchanged": 1, "modified": 1, "added": 2}
 
 
 @dataclass(frozen=True)
@@ -49,10 +46,10 @@ class Chunk:
     ``offset`` and ``checksum`` are unused (the header digest covers it).
     """
 
-    encoding: str
+    encoding: Encoding
     changed: int
-    transform: str | None = None
-    codec: str = ""
+    transform: Transform | None = None
+    codec: Codec | Literal[""] = ""
     offset: int = 0
     length: int = 0
     raw_length: int = 0
@@ -70,7 +67,7 @@ class TensorEntry:
     """One tensor operation of the delta."""
 
     name: str
-    op: str
+    op: Op
     dtype: DType
     shape: tuple[int, ...]
     base_digest: str | None

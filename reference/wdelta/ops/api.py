@@ -120,7 +120,7 @@ def diff(
 
     ``level`` is the zstd level of every blob; None uses the encoder's own
     policy (level 3 below 64 KiB, zstd's fast strategy tuned for delta
-    payloads above, see ``codec.codec.compress``).
+    payloads above, see ``codec.blob.compress``).
     """
     path = as_path(out, "out")
     level = check_optional_int(level, "level", -7, 22)

@@ -25,17 +25,19 @@ from ..checkpoint.source import (
     is_shard_name,
 )
 from ..codec import chunk as chunk_codec
-from ..codec import values as values_coding
+from ..codec import coded_values
 from ..errors import BadArgumentError, CheckpointInvalidError, LimitExceededError
 from ..format import compact, inline_blobs, strictjson
 from ..format.container import PREFIX_SIZE, pack_prefix
 from ..format.digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest, digest_bytes
 from ..format.header import FORMAT_VERSION
 from ..format.layout import side_json
+from ..format.names import Op
 from ..io import prepend
 from ..io.atomic import atomic_file
 from ..io.output_file import BackgroundSync, pwrite_all, start_writeback
 from ..limits import MAX_CHUNK_ELEMENTS, MAX_HEADER_BYTES
+from ..policy import chunk as chunk_policy
 from .pipeline import Aborted, ChunkTask, Sequencer, batch_limit, batched_map, chunk_tasks
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
@@ -51,7 +53,7 @@ Progress = Callable[[int], None]
 class _Plan:
     """One tensor entry to produce: its op and the tensors it reads."""
 
-    op: str  # "modified" (may turn out unchanged), "added" or "removed"
+    op: Op  # "modified" (may turn out unchanged), "added" or "removed"
     base: Tensor | None
     target: Tensor | None
     chunks: list[dict[str, Any]] = field(default_factory=list)
@@ -178,7 +180,7 @@ def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -
     encoded: chunk_codec.Encoded | None
     if plan.op == "modified":
         assert base is not None and target is not None
-        encoded = chunk_codec.encode_modified(
+        encoded = chunk_policy.encode_modified(
             base, target, opts.level, not opts.reversible, opts.coded_values
         )
     elif plan.op == "added":
@@ -365,7 +367,7 @@ def diff_checkpoints(
                 blobs.finish()
             finally:
                 blobs.close()
-        used = [(values_coding.FEATURE, blobs.coded_values), (inline_blobs.FEATURE, blobs.inlined)]
+        used = [(coded_values.FEATURE, blobs.coded_values), (inline_blobs.FEATURE, blobs.inlined)]
         features = [name for name, on in used if on]
         header = _header_bytes(base, target, plans, opts, features)
         _check_header_size(header, plans, opts)

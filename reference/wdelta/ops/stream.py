@@ -33,6 +33,7 @@ from ..errors import (
 from ..format.container import DeltaFile, open_delta
 from ..format.dtypes import DType
 from ..format.header import Chunk, TensorEntry
+from ..format.names import Transform
 from . import decoder
 from . import tensors as live
 from .arguments import check_int, check_mapping
@@ -61,7 +62,7 @@ class ChunkChange:
     op: str
 
 
-def _as_op(kind: str, values: Words, reverse: bool) -> tuple[str, Words]:
+def _as_op(kind: Transform, values: Words, reverse: bool) -> tuple[str, Words]:
     """Stored transform values as an engine-side ``xor`` or wrapping ``add``."""
     if kind == "xor":
         return "xor", values

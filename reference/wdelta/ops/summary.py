@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import BadArgumentError
 from ..format.container import DeltaFile
+from ..format.names import Encoding, Op, Transform
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,7 @@ class TensorSummary:
     """Sizes in bytes; ``changed`` counts elements whose bit pattern changed."""
 
     name: str
-    op: str
+    op: Op
     dtype: str
     shape: list[int]
     elements: int
@@ -23,8 +24,8 @@ class TensorSummary:
     density: float
     raw_bytes: int
     stored_bytes: int
-    encodings: dict[str, int]
-    transforms: dict[str, int]
+    encodings: dict[Encoding, int]
+    transforms: dict[Transform, int]
 
 
 _PART = ("index", "count", "base", "target")

@@ -1,169 +1,25 @@
-"""Coded values (feature ``coded-values``, SPEC.md §7.6.6): split levels, then a final coding.
+"""The encoder's coded-values policy (SPEC.md §7.6.6): whether a sparse payload codes
+its values, with how many split levels and which final coding.
 
-The changed words of an optimizer step are very skewed (for ``sub``, 88-92%
-are one ULP up or down), and zstd's Huffman literals cannot go below 1 bit
-per byte.  Level j names a split word w_j and Rice-codes (§7.6.3) the
-positions, among the values still *open*, of those that are not w_j; the
-others are w_j.  A level costs close to n_j·H(p_j) bits instead of zstd's
-n_j bits per byte plane.  The values still open after the last level are
-stored as byte planes (§7.2) or as Rice-coded words.
-
-Layout of the section (s-byte words, ``c`` values): u8 L; L split words;
-per level u8 k_j, ULEB128 U_j, U_j unary bytes, ceil(c_j·k_j/8) remainder
-bytes; u8 final coding (0 planes, 1 Rice); the final values.
+Informative (SPEC §11.2): any choice :mod:`wdelta.codec.coded_values` can write is
+valid.  Every number of levels is costed from a histogram of the values, and only
+the levels of the cheapest total are built.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import EncodingInvalidError, IndexOutOfRangeError
-from . import leb128, planes, positions
+from ..codec import coded_values, leb128, sparse
+from ..codec.coded_values import MAX_LEVELS, PLANES, RICE, Coded
+from .rice import geometric_rice_k, words_rice_k
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
-Positions = positions.Positions
-FEATURE = "coded-values"
-MAX_LEVELS = 8
-PLANES, RICE = 0, 1
-
-
-class _Reader:
-    """Fields read in order from a values section; nothing is read past its end."""
-
-    def __init__(self, view: memoryview) -> None:
-        self.view = view
-        self.at = 0
-
-    def take(self, n: int) -> memoryview:
-        if n > len(self.view) - self.at:
-            raise EncodingInvalidError("coded values: a field runs past the end of the payload")
-        out = self.view[self.at : self.at + n]
-        self.at += n
-        return out
-
-    def u8(self) -> int:
-        return self.take(1)[0]
-
-    def uleb(self) -> int:
-        value, self.at = leb128.decode(self.view, self.at)
-        return value
-
-
-def decode(view: memoryview, count: int, word: np.dtype[Any]) -> Words:
-    """The ``count`` values (dtype ``word``) of a coded section that fills ``view``."""
-    reader = _Reader(view)
-    levels = reader.u8()
-    if levels > MAX_LEVELS:
-        raise EncodingInvalidError(f"coded values: {levels} split levels, at most {MAX_LEVELS}")
-    splits = np.frombuffer(reader.take(levels * word.itemsize), dtype=word)
-    if len(set(splits.tolist())) != levels:
-        raise EncodingInvalidError("coded values: two split words are equal")
-    out: Words = np.empty(count, dtype=word)
-    still_open: Positions | None = None  # None: every value is open
-    for split in splits:
-        keep = _level(reader, count if still_open is None else len(still_open))
-        if still_open is None:
-            out[:] = split
-            still_open = keep
-        else:
-            out[still_open] = split
-            still_open = still_open.take(keep)
-    final = _final(reader, count if still_open is None else len(still_open), word)
-    if reader.at != len(view):
-        raise EncodingInvalidError("coded values: bytes after the final values")
-    if still_open is None:
-        return final
-    out[still_open] = final
-    return out
-
-
-def _unary(reader: _Reader) -> tuple[memoryview, Positions]:
-    """A ULEB128 length, that many unary bytes, and the stream indices of its 1 bits;
-    the last byte must hold a 1 bit."""
-    unary = reader.take(reader.uleb())
-    ones = positions.unary_ones_of(unary)
-    if len(unary) and (not len(ones) or (int(ones[-1]) >> 3) + 1 != len(unary)):
-        raise EncodingInvalidError("coded values: a unary stream's last byte holds no 1 bit")
-    return unary, ones
-
-
-def _level(reader: _Reader, n: int) -> Positions:
-    """Indices, among the ``n`` open values, of those that stay open at one level."""
-    k = reader.u8()
-    if k > positions.MAX_RICE_K:
-        raise EncodingInvalidError(f"coded values: level Rice parameter {k} > 31")
-    unary, ones = _unary(reader)
-    if len(ones) > n:
-        raise IndexOutOfRangeError(f"coded values: {len(ones)} positions among {n} open values")
-    remainders = reader.take((len(ones) * k + 7) // 8)
-    if not len(ones):
-        return np.empty(0, dtype=np.int64)
-    return positions.rice_decode(unary, remainders, k, len(ones), n, ones)
-
-
-def _final(reader: _Reader, n: int, word: np.dtype[Any]) -> Words:
-    """The ``n`` values still open after the last level."""
-    coding = reader.u8()
-    if coding == PLANES:
-        return planes.join(reader.take(n * word.itemsize), n, word)
-    if coding != RICE:
-        raise EncodingInvalidError(f"coded values: final coding {coding} is not 0 or 1")
-    bits = 8 * word.itemsize
-    k = reader.u8()
-    if k >= bits:
-        raise EncodingInvalidError(f"coded values: final Rice parameter {k} >= {bits}")
-    _, ones = _unary(reader)
-    if len(ones) != n:
-        raise EncodingInvalidError(f"coded values: {len(ones)} final codes, {n} values open")
-    remainders = reader.take((n * k + 7) // 8)
-    if not n:
-        return np.empty(0, dtype=word)
-    quotients = positions.gaps_of(ones)
-    if int(quotients.max()) > ((1 << bits) - 1) >> k:
-        raise EncodingInvalidError(f"coded values: a final value is {bits} bits or more")
-    wide = quotients.astype(np.uint64) << np.uint64(k)
-    if k:
-        wide |= _fields(remainders, n, k)
-    result: Words = wide.astype(word)
-    return result
-
-
-def _fields(data: memoryview, count: int, k: int) -> np.ndarray[Any, np.dtype[np.uint64]]:
-    """The ``count`` k-bit fields (1 <= k <= 63) of a remainder stream; its padding
-    bits must be zero.  Field i is read from the 8 (for k > 56: 9) bytes at bit i·k."""
-    if k <= positions.MAX_RICE_K:
-        return positions.remainder_fields(data, count, k).astype(np.uint64)
-    raw = np.frombuffer(data, dtype=np.uint8)
-    used = count * k
-    if used & 7 and int(raw[-1]) >> (used & 7):
-        raise EncodingInvalidError(
-            "remainder stream: padding bits after the last field are not zero"
-        )
-    padded = np.zeros(len(raw) + 9, dtype=np.uint8)
-    padded[: len(raw)] = raw
-    start = np.arange(count, dtype=np.uint64) * np.uint64(k)
-    byte = (start >> np.uint64(3)).astype(np.intp)
-    shift = start & np.uint64(7)
-    window = np.zeros(count, dtype=np.uint64)
-    for t in range(8):
-        window |= padded[byte + t].astype(np.uint64) << np.uint64(8 * t)
-    value: np.ndarray[Any, np.dtype[np.uint64]] = window >> shift
-    # The ninth byte's bits land above bit 63 - shift; for shift 0 they fall off.
-    value |= (padded[byte + 8].astype(np.uint64) << (np.uint64(63) - shift)) << np.uint64(1)
-    value &= np.uint64((1 << k) - 1)
-    return value
-
-
-@dataclass(frozen=True)
-class Coded:
-    """A coded values section and where its parts start (offsets into ``data``)."""
-
-    data: bytes
-    sections: list[int]
 
 
 @dataclass(frozen=True)
@@ -287,7 +143,8 @@ def _build(values: Words, words: np.ndarray[Any, Any], levels: int, final: int) 
     for j in range(min(levels, len(words), MAX_LEVELS)):
         chosen.append(_split(rest, words[j : j + 1].astype(values.dtype)))
         rest = chosen[-1].rest
-    return _serialize(chosen, rest, final)
+    k = words_rice_k(*_histogram(rest), rest.dtype.itemsize) if final == RICE else 0
+    return coded_values.serialize(chosen, rest, final, k)
 
 
 # Ranking the words and estimating what is left need only a histogram's
@@ -308,55 +165,21 @@ def _ranked(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     return words[order], counts[order]
 
 
-@dataclass(frozen=True)
-class _Level:
-    """One split level: its word, its bytes from ``k_j`` on (the remainder stream at
-    ``rem_at``) and the values it leaves open."""
-
-    split: Words
-    data: bytes
-    rem_at: int
-    rest: Words
-
-
 # From this share of open values that stay open on, k = 0 is the best Rice
 # parameter (for geometric gaps, when (1 - p) + (1 - p)^2 <= 1), and the
 # unary stream of k = 0 is the mask itself up to its last 1 bit: one packbits.
 DENSE_KEEP = 0.382
 
 
-def _split(rest: Words, split: Words) -> _Level:
+def _split(rest: Words, split: Words) -> coded_values.Level:
     """The level that splits ``split`` off the open values ``rest``."""
     mask = rest != split[0]
     keep = np.flatnonzero(mask)
-    if not len(keep):
-        k, unary, rem, after = 0, b"", b"", rest[:0]
-    elif len(keep) >= DENSE_KEEP * len(rest):
-        # The stream ends with the byte of the last 1 bit: pack only up to it.
-        unary = np.packbits(mask[: int(keep[-1]) + 1], bitorder="little").tobytes()
-        k, rem, after = 0, b"", rest.take(keep)
+    if not len(keep) or len(keep) >= DENSE_KEEP * len(rest):
+        k = 0
     else:
-        gaps = positions.gaps_of(keep)
-        k = _geometric_rice_k(len(keep), len(rest))
-        unary, rem = positions.rice_encode(gaps, k)
-        after = rest.take(keep)
-    head = bytes([k]) + leb128.encode(len(unary))
-    return _Level(split, head + unary + rem, len(head) + len(unary), after)
-
-
-def _geometric_rice_k(kept: int, n: int) -> int:
-    """The Rice parameter for ``kept`` of ``n`` values scattered at random (geometric
-    gaps, p = kept / n): of the k near log2(mean gap · ln 2), the one whose expected
-    bits per gap, E[g >> k] + 1 + k with E[g >> k] = r / (1 - r), r = (1 - p)^(2^k),
-    are fewest.  From the counts alone, where :func:`positions.best_rice_k` sums the
-    actual gaps three times: on the real trace the deltas are the same to 0.01%."""
-    p = kept / n
-
-    def bits(k: int) -> float:
-        r = (1 - p) ** (1 << k)
-        return r / (1 - r) + 1 + k if r < 1 else math.inf
-
-    return min(positions.rice_k_candidates((n - kept) / kept), key=bits)
+        k = geometric_rice_k(len(keep), len(rest))
+    return coded_values.encode_level(rest, split, mask, keep, k)
 
 
 def _histogram(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -458,76 +281,47 @@ def _suffix_rice(
     return np.where(left > 0.5, best, np.inf)
 
 
-def _rice_bytes(words: np.ndarray[Any, Any], counts: np.ndarray[Any, Any], k: int) -> int:
-    """Bytes of both Rice streams of the words (quotients summed in float: an estimate
-    exact to well under a byte for any chunk)."""
-    n = round(float(counts.sum()))
-    quotients = float(np.dot((words >> np.uint64(k)).astype(np.float64), counts))
-    return math.ceil((quotients + n) / 8) + (n * k + 7) // 8 + leb128.MAX_BYTES
+# Values that the codec stores in fewer bytes than this are not worth a try:
+# the per-chunk cost of counting and costing words is fixed, the gain small.
+# It was 128 until a held-out trace at lr 1e-7 (bench/realtrace.py --seed 4
+# --trace-lrs 1e-7,3e-6,1e-4) missed issue 15's whole-file allowance on fp8
+# (worst pair 1.0203): about 220 changes per weight tensor leave 60-80 bytes
+# of zstd'ed values per chunk, which coding brings to about 45.  At 32 that
+# pair is at 0.9633 and the main trace's fp8 deltas are 0.2% (lr 1e-5) and 0.6%
+# (lr 1e-6) smaller, for 6-10% more diff CPU on those small files
+# (bench/tracesizes.py); at 0 the gain over 32 is 0.1%.
+CODED_MIN_BYTES = 32
 
 
-def _rice_k(words: np.ndarray[Any, Any], counts: np.ndarray[Any, Any], size: int) -> int | None:
-    """The k near log2(mean · ln 2) minimising the Rice size (None: no words)."""
-    n = round(float(counts.sum()))
-    if not n:
-        return None
-    mean = float(np.dot(words.astype(np.float64), counts)) / n
-    candidates = positions.rice_k_candidates(mean, 8 * size - 1)
-    return min(candidates, key=lambda k: _rice_bytes(words, counts, k))
+class SparseValues:
+    """A sparse payload's parts, and its values' :class:`Costs` computed once: the
+    encoder may cost a large payload before and after compressing its v1 form."""
 
+    def __init__(self, parts: sparse.Parts) -> None:
+        self.parts = parts
 
-def _serialize(levels: list[_Level], rest: Words, final: int) -> Coded:
-    parts = [bytes([len(levels)]), *(level.split.tobytes() for level in levels)]
-    at = sum(len(p) for p in parts)
-    sections = []
-    for level in levels:
-        parts.append(level.data)
-        sections.append(at + level.rem_at)
-        at += len(level.data)
-    sections.append(at)
-    if final == PLANES:
-        parts.append(bytes([PLANES]))
-        sections += [at + 1 + j * len(rest) for j in range(1, rest.dtype.itemsize)]
-        parts.append(bytes(planes.split(rest)))
-    else:
-        parts.append(_rice_final(rest))
-    return Coded(b"".join(parts), sections)
+    @functools.cached_property
+    def value_costs(self) -> Costs | None:
+        return costs(self.parts.values)
 
-
-def _rice_final(rest: Words) -> bytes:
-    words, counts = _histogram(rest)
-    k = _rice_k(words, counts, rest.dtype.itemsize)
-    if k is None:  # no value left open: k 0, an empty unary stream
-        return bytes([RICE, 0, 0])
-    wide = rest.astype(np.uint64)
-    ones = wide >> np.uint64(k)
-    ones += np.uint64(1)
-    np.cumsum(ones, out=ones)
-    ones -= np.uint64(1)
-    unary = positions.unary_stream(ones)
-    rem = _pack_fields(wide, k)
-    return b"".join((bytes([RICE, k]), leb128.encode(len(unary)), unary, rem))
-
-
-def _pack_fields(wide: np.ndarray[Any, np.dtype[np.uint64]], k: int) -> bytes:
-    """The LSB-first stream of the low k bits of each word (0 <= k <= 63)."""
-    if k == 0:
-        return b""
-    if k <= 8:
-        return positions.pack_fields(wide.astype(np.uint8) & np.uint8((1 << k) - 1), k)
-    count = len(wide)
-    value = wide & np.uint64((1 << k) - 1)
-    start = np.arange(count, dtype=np.uint64) * np.uint64(k)
-    byte = (start >> np.uint64(3)).astype(np.intp)
-    shift = start & np.uint64(7)
-    low = value << shift
-    high = (value >> (np.uint64(63) - shift)) >> np.uint64(1)
-    nbytes = (count * k + 7) // 8
-    out = np.zeros(nbytes + 9, dtype=np.float64)
-    # Fields occupy disjoint bits, so adding each field's bytes into place is an OR.
-    for t in range(8):
-        out += np.bincount(
-            byte + t, weights=(low >> np.uint64(8 * t)) & np.uint64(255), minlength=nbytes + 9
-        )
-    out += np.bincount(byte + 8, weights=high & np.uint64(255), minlength=nbytes + 9)
-    return out[:nbytes].astype(np.uint8).tobytes()
+    def coded(
+        self, m: int, stored: int | None, min_gain: float = 0.0
+    ) -> tuple[bytes, list[int]] | None:
+        """The payload with the short head and coded values (value coding 1), and
+        where its sections start; None when coding the values would not make the
+        payload smaller.  ``stored`` is the v1 payload's stored (compressed) length;
+        its part past the positions, which are counted raw, is taken as the
+        values' cost.  None: not compressed; the values' cost is then estimated
+        from their histogram, and they are coded only if that saves ``min_gain``
+        of it (see :func:`choose`)."""
+        values, values_start = self.parts.values, self.parts.values_start
+        count, size = len(values), values.dtype.itemsize
+        planes_bytes = count * size if stored is None else max(0, stored - values_start)
+        if planes_bytes < CODED_MIN_BYTES:
+            return None
+        known = None if stored is None else planes_bytes
+        found_costs = self.value_costs
+        found = None if found_costs is None else choose(found_costs, known, min_gain)
+        if found is None or values_start + len(found.data) > sparse.max_raw_length(m, size):
+            return None
+        return self.parts.short_form(found)

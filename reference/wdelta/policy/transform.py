@@ -1,8 +1,10 @@
-"""Size estimates that let the encoder pick a value transform.
+"""The encoder's pick of a chunk's value transform (SPEC.md §6), and the size
+estimates it rests on.
 
-Zeroth-order entropy of each byte plane is what zstd's Huffman stage can
-reach on plane-split values, so it predicts which transform stores smaller
-without compressing twice.  Estimates run on an evenly strided sample.
+Informative (SPEC §11.2): either transform is valid for any chunk.  Zeroth-order
+entropy of each byte plane is what zstd's Huffman stage can reach on plane-split
+values, so it predicts which transform stores smaller without compressing twice.
+Estimates run on a sample of the changed elements.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from ..codec import transform
+from ..format.names import Transform
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 # 16384 values estimate each plane's 256-bin entropy to well under the gap
@@ -51,6 +56,13 @@ def sample_mask(mask: np.ndarray[Any, np.dtype[np.bool_]], count: int) -> np.nda
     return np.concatenate(
         [np.flatnonzero(mask[a : a + length]) + a for a in _starts(m, length).tolist()]
     )
+
+
+def pick(base: Words, target: Words, sampled: np.ndarray[Any, Any]) -> Transform:
+    """The transform whose values at the positions ``sampled`` look cheaper."""
+    b, t = base.take(sampled), target.take(sampled)
+    xor_bits, sub_bits = value_bits_each(np.bitwise_xor(b, t), transform.encode("sub", b, t))
+    return "sub" if sub_bits < xor_bits else "xor"
 
 
 def entropy_bits(counts: np.ndarray[Any, Any]) -> float:
