@@ -33,7 +33,7 @@ import wdelta.chain.manifest
 import wdelta.chain.ops
 import wdelta.chain.parts
 import wdelta.chain.signatures
-import wdelta.chain.trust
+import wdelta.chain.trusted_set
 from wdelta import cli
 from wdelta.chain.errors import ManifestInvalidError, NotFoundError
 from wdelta.chain.fetch import fetch_link, materialize_snapshot
@@ -107,7 +107,7 @@ def main(mode: str, args: list[str]) -> int:
     if mode == "ignore-signatures":
         wdelta.chain.signatures.check_signatures = lambda *args: []
     if mode == "any-role":
-        wdelta.chain.trust.role_keys = lambda root, role: root.keys
+        wdelta.chain.trusted_set.role_keys = lambda root, role: root.keys
     if mode in STATE_MODES:
         STATE_MODES[mode]()
     if mode == "ignore-after" and "--after" in args:

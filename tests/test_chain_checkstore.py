@@ -9,11 +9,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -175,20 +173,11 @@ def test_cli_loopback_s3(s3: S3Server) -> None:
 
 def test_hub_repo_backend_passes_and_is_cleaned() -> None:
     pytest.importorskip("huggingface_hub")
-    from test_chain_hf import FakeHub
+    from storekit import FakeHub
     from wdelta.chain.storage.hf import HfStorage, parse_hf_url
 
-    class SerialHub(FakeHub):
-        """The Hub applies one commit at a time (the stand-in alone is not thread-safe)."""
-
-        lock = threading.Lock()
-
-        def create_commit(self, repo_id: str, operations: list[Any], **kw: Any) -> None:
-            with self.lock:
-                super().create_commit(repo_id, operations, **kw)
-
     url = "hf://me/model/chain"
-    hub = SerialHub(parse_hf_url(url).fs_root)
+    hub = FakeHub(parse_hf_url(url).fs_root)
     report = check_storage(lambda: HfStorage(url, api=hub, fs=hub), writers=4, rounds=2)
     assert report.passed, report
     assert hub.files == {}

@@ -423,7 +423,7 @@ def test_a_file_planted_in_place_of_a_folder(tmp_path: Path, where: str) -> None
 
 def test_an_hf_answer_longer_than_the_range_is_refused() -> None:
     """What the Hub backend can check itself: a range answered with more bytes."""
-    from test_chain_hf import FakeHub
+    from storekit import FakeHub
     from wdelta.chain.storage.hf import HfStorage, parse_hf_url
 
     class Lying(FakeHub):

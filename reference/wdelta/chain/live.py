@@ -70,7 +70,7 @@ from .pull import pull
 from .remote_delta import RemoteDelta
 from .storage.base import Progress
 from .store import Chain, as_chain
-from .trust import Trust, as_trust, keep_newest_root, root_state_beside
+from .trust import Trust, as_trust, keep_roots_beside
 
 _WRITE_ELEMENTS = 1 << 22
 log = logging.getLogger("wdelta.chain")
@@ -319,8 +319,8 @@ def _keep_roots(chain: Chain, state: PathLike | None) -> None:
     """With a trust policy and a ``state`` file, the newest trust root walked to is
     kept beside that file (``.STATE.wdelta-root.json``) and resumed from, as ``pull``
     keeps it beside its checkpoint; without a state file it lives in memory only."""
-    if chain.trust is not None and state is not None:
-        keep_newest_root(chain.trust, chain.storage, root_state_beside(as_path(state, "state")))
+    beside = None if state is None else as_path(state, "state")
+    keep_roots_beside(chain.trust, chain.storage, beside)
 
 
 def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partial: bool) -> int:

@@ -46,7 +46,7 @@ from .partial_snapshot import extract_remote
 from .storage.base import Progress
 from .storage.local import LocalStorage
 from .store import Chain, as_chain
-from .trust import Trust, as_trust, keep_newest_root, root_state_beside
+from .trust import Trust, as_trust, keep_roots_beside
 
 _REPLANS = 3
 
@@ -319,9 +319,7 @@ def pull(
         chain.cache = local.parent / ".wdelta-cache"
     check_local(chain, local)
     tracker = _tracker(chain, state, local, accept_rollback, allow_unsigned)
-    roots = None if chain.trust is None or state is False else root_state_beside(local)
-    if roots is not None and chain.trust is not None:
-        keep_newest_root(chain.trust, chain.storage, roots)
+    keep_roots_beside(chain.trust, chain.storage, None if state is False else local)
     for attempt in range(_REPLANS):
         m, digest = tracker.head(chain)
         check_fresh(m, max_age)

@@ -118,11 +118,13 @@ class Chain:
     def _checked(self, revision: int, data: bytes) -> Manifest:
         """Parse revision ``revision``'s bytes, after SG-1..SG-5 if there is a trust policy
         (a writer skips freshness: it publishes the fresh revision)."""
-        if self.trust is not None:
-            self.head_signers = self.trust.check_revision(
-                self.storage, revision, data, fresh=not self.signers
-            )
-        return parse_manifest(data, expected_revision=revision)
+        if self.trust is None:
+            return parse_manifest(data, expected_revision=revision)
+        verified = self.trust.verified_manifest(
+            self.storage, revision, data, fresh=not self.signers
+        )
+        self.head_signers = verified.signers
+        return verified.manifest
 
     @property
     def url(self) -> str:
