@@ -11,10 +11,6 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "reference" / "wdelta"
 NORMATIVE = ("codec", "format")
 FORBIDDEN = ("wdelta.policy", "wdelta.ops", "wdelta.chain", "wdelta.cli")
-# Imports that break the rule and are due to move, each (module, imported name):
-# open_delta checks its path argument with ops' checker (as chain/ and checkpoint/
-# do), which belongs below both.  An entry that no longer occurs fails the test.
-KNOWN = {("wdelta.format.container", "wdelta.ops.arguments.as_path")}
 
 
 def module_name(path: Path) -> str:
@@ -55,23 +51,14 @@ def test_there_are_normative_modules() -> None:
 
 
 def module_violations(path: Path) -> list[str]:
-    """The forbidden names ``path`` imports, but for its :data:`KNOWN` ones (and their module)."""
+    """The forbidden names ``path`` imports."""
     module = module_name(path)
-    names = imported(path.read_text(encoding="utf-8"), module, path.stem == "__init__")
-    known = {name for m, name in KNOWN if m == module}
-    known |= {name.rpartition(".")[0] for name in known}
-    return [name for name in violations(names) if name not in known]
+    return violations(imported(path.read_text(encoding="utf-8"), module, path.stem == "__init__"))
 
 
 @pytest.mark.parametrize("path", normative_modules(), ids=lambda p: module_name(p))
 def test_normative_module_imports_no_policy_or_upper_layer(path: Path) -> None:
     assert not module_violations(path), f"{module_name(path)} imports {module_violations(path)}"
-
-
-@pytest.mark.parametrize(("module", "name"), sorted(KNOWN))
-def test_known_exception_still_occurs(module: str, name: str) -> None:
-    path = next(p for p in normative_modules() if module_name(p) == module)
-    assert name in imported(path.read_text(encoding="utf-8"), module, path.stem == "__init__")
 
 
 @pytest.mark.parametrize(

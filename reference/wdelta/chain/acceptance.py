@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..arguments import PathLike, as_path
 from ..errors import BadArgumentError, StorageError, WdeltaError
 from ..format import schemas, strictjson
 from ..format.digest import digest_bytes
 from ..io.atomic import atomic_file
 from ..io.output_file import pwrite_all
-from ..ops.arguments import PathLike, as_path
 from .errors import ManifestInvalidError, SignatureInvalidError
 from .manifest import Manifest, read_manifest, utc_now
 from .smallfile import read_regular

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..arguments import check_optional_int
 from ..errors import BadArgumentError, StorageError, WdeltaError
 from ..io.atomic import TMP_MARK, temp_name
-from ..ops.arguments import check_optional_int
 from .manifest import Manifest
 from .smallfile import read_regular
 from .store import Chain

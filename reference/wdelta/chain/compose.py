@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from ..arguments import PathLike, as_path
 from ..checkpoint.source import Checkpoint, Scratch, Tensor, Words, open_checkpoint
 from ..codec import chunk as chunk_codec
 from ..errors import BadArgumentError
 from ..format.container import DeltaFile, open_delta
 from ..io.atomic import temp_dir
-from ..ops.arguments import PathLike, as_path
 from ..ops.decoder import check_input
 from ..ops.encoder import DiffOptions, diff_checkpoints
 from . import graph

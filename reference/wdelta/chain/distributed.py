@@ -39,11 +39,11 @@ from typing import Any
 
 import numpy as np
 
+from ..arguments import check_int, check_mapping
 from ..errors import BadArgumentError, WdeltaError
 from ..format.container import open_delta
 from ..format.digest import TensorIdentity, checkpoint_digest
 from ..ops import tensors as live
-from ..ops.arguments import check_int, check_mapping
 from .collective import Group, Outcome
 from .live import Publisher, _digests, save_weights
 from .manifest import (

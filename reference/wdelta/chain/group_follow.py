@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
+from ..arguments import check_mapping, check_optional_int, check_seconds
 from ..errors import BadArgumentError, WdeltaError
-from ..ops.arguments import check_mapping, check_optional_int, check_seconds
 from . import graph
 from .collective import Group, Outcome
 from .errors import ChainBrokenError

@@ -35,6 +35,14 @@ from typing import Any
 
 import numpy as np
 
+from ..arguments import (
+    PathLike,
+    as_path,
+    check_int,
+    check_mapping,
+    check_optional_int,
+    check_seconds,
+)
 from ..checkpoint.safetensors_header import build_header
 from ..checkpoint.source import Checkpoint, Words, open_checkpoint
 from ..errors import BadArgumentError, BaseMismatchError, StorageError, WdeltaError
@@ -46,14 +54,6 @@ from ..io.output_file import pwrite_all
 from ..limits import MAX_CHUNK_ELEMENTS
 from ..ops import api
 from ..ops import tensors as live
-from ..ops.arguments import (
-    PathLike,
-    as_path,
-    check_int,
-    check_mapping,
-    check_optional_int,
-    check_seconds,
-)
 from ..ops.decoder import init_file
 from ..ops.encoder import DiffOptions, diff_checkpoints
 from ..ops.inplace import apply_inplace, apply_opened, apply_unchecked

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._version import CHAIN_MANIFEST_VERSION, __version__
+from ..arguments import as_path
 from ..errors import (
     BadArgumentError,
     LimitExceededError,
@@ -29,7 +30,6 @@ from ..errors import (
 from ..format import schemas, strictjson
 from ..format.digest import digest_bytes
 from ..limits import MAX_MANIFEST_BYTES
-from ..ops.arguments import as_path
 from . import graph
 from .errors import ChainBrokenError, ManifestInvalidError, NotFoundError
 from .smallfile import open_regular, read_bounded

@@ -11,13 +11,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ..arguments import PathLike, as_path, check_optional_int, check_str_mapping
 from ..errors import BadArgumentError, BaseMismatchError
 from ..format.container import open_delta
 from ..format.digest import digest_bytes, file_sha256
 from ..io.atomic import temp_dir
 from ..limits import MAX_MANIFEST_BYTES
 from ..ops import api
-from ..ops.arguments import PathLike, as_path, check_optional_int, check_str_mapping
 from . import parts
 from .errors import ChainBrokenError, ConflictError, ManifestInvalidError
 from .fetch import fetch_link, materialize_snapshot

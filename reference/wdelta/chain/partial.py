@@ -19,8 +19,8 @@ import blake3
 
 from ..checkpoint.safetensors_header import build_header
 from ..checkpoint.source import Checkpoint, Words, open_checkpoint
+from ..codec import blob
 from ..codec import chunk as chunk_codec
-from ..codec import codec
 from ..errors import (
     BaseMismatchError,
     ChecksumMismatchError,
@@ -91,7 +91,7 @@ class Blobs:
     def get(self, chunk: Chunk) -> bytes:
         """The decompressed payload of ``chunk`` (checksum checked)."""
         if chunk.inline is not None:  # in the header, which its digest covered
-            return codec.decompress(chunk.codec, chunk.inline, chunk.raw_length)
+            return blob.decompress(chunk.codec, chunk.inline, chunk.raw_length)
         return self.check(chunk, self.raw(chunk))
 
     def raw(self, chunk: Chunk) -> bytes:
@@ -100,11 +100,11 @@ class Blobs:
             self._fill(chunk)
         return self.buf[chunk.offset - self.lo : chunk.offset - self.lo + chunk.length]
 
-    def check(self, chunk: Chunk, blob: bytes) -> bytes:
-        """``blob``'s decompressed payload, once its checksum is the chunk's."""
-        if blake3.blake3(blob).hexdigest() != chunk.checksum:
+    def check(self, chunk: Chunk, data: bytes) -> bytes:
+        """The decompressed payload of ``data``, once its checksum is the chunk's."""
+        if blake3.blake3(data).hexdigest() != chunk.checksum:
             raise ChecksumMismatchError(f"{self.key}: blob at {chunk.offset}: checksum mismatch")
-        return codec.decompress(chunk.codec, blob, chunk.raw_length)
+        return blob.decompress(chunk.codec, data, chunk.raw_length)
 
     def _fill(self, chunk: Chunk) -> None:
         """Fetch ``chunk`` and the wanted blobs right after it, up to RANGE_WINDOW bytes."""

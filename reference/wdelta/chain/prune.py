@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..arguments import PathLike, check_int
 from ..errors import BadArgumentError
 from ..format.digest import digest_bytes
-from ..ops.arguments import PathLike, check_int
 from . import graph
 from .errors import ChainBrokenError
 from .manifest import Link, Manifest, Snapshot, revision_key

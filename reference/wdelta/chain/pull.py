@@ -30,11 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..arguments import PathLike, as_path, check_optional_int, check_seconds
 from ..errors import BadArgumentError, DeltaFormatError, WdeltaError
 from ..io.atomic import temp_name
 from ..io.destination import check_kind, overlaps
 from ..ops import api
-from ..ops.arguments import PathLike, as_path, check_optional_int, check_seconds
 from . import acceptance, cachegc, graph, partial, parts
 from .backoff import Backoff
 from .errors import ChainBrokenError, NotFoundError

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import blake3
 
+from ..arguments import PathLike, as_path, check_seconds
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError, WdeltaError
 from ..format.digest import digest_bytes
 from ..limits import MAX_MANIFEST_BYTES
-from ..ops.arguments import PathLike, as_path, check_seconds
 from .errors import ConflictError, ManifestInvalidError, NotFoundError, SignatureInvalidError
 from .manifest import (
     MANIFEST_PREFIX,

@@ -34,12 +34,12 @@ import os
 import time
 from pathlib import Path
 
+from ..arguments import PathLike, as_path
 from ..errors import BadArgumentError, LimitExceededError, WdeltaError
 from ..format import strictjson
 from ..format.digest import digest_bytes
 from ..io.atomic import atomic_file
 from ..limits import MAX_DOCUMENT_BYTES
-from ..ops.arguments import PathLike, as_path
 from .errors import ConflictError, NotFoundError, SignatureInvalidError
 from .signing import SigningKey, read_json
 from .smallfile import read_regular

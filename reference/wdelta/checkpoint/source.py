@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from ..arguments import as_path, check_str_mapping
 from ..errors import BadArgumentError, CheckpointInvalidError, StorageError, TruncatedError
 from ..format import strictjson
 from ..format.dtypes import DType, from_numpy
 from ..io import filekind
 from ..limits import MAX_INPUT_HEADER_BYTES
-from ..ops.arguments import as_path, check_str_mapping
 from .safetensors_header import FileLayout, build_header, parse_header
 
 # File names a delta can record (SPEC.md §4.9): no paths, no leading dot, at

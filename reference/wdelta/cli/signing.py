@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from ..arguments import as_path
 from ..chain.errors import ConflictError, NotFoundError, SignatureInvalidError
 from ..chain.local import digest_of_path
 from ..chain.manifest import Manifest, Version, parse_manifest, revision_key
@@ -38,7 +39,6 @@ from ..chain.trust import (
 from ..errors import BadArgumentError, WdeltaError
 from ..format.digest import digest_bytes
 from ..limits import MAX_DOCUMENT_BYTES, MAX_MANIFEST_BYTES
-from ..ops.arguments import as_path
 from . import options
 from .options import Commands, open_chain
 from .terminal import printable

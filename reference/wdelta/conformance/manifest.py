@@ -15,9 +15,9 @@ from typing import Any
 
 import jsonschema
 
+from ..arguments import as_path
 from ..errors import BadArgumentError
 from ..format import schemas
-from ..ops.arguments import as_path
 
 PROFILES = ("reader", "decoder", "reverse", "encoder", "manifest")
 # Placeholders every template of a profile must hold; manifest cases that need

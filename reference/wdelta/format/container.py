@@ -15,6 +15,7 @@ from typing import Any
 
 import blake3
 
+from ..arguments import as_path
 from ..checkpoint.source import pread_into
 from ..codec.blob import decompress
 from ..errors import (
@@ -29,7 +30,6 @@ from ..errors import (
 )
 from ..io.filekind import WDELTA_MAGIC, delta_refusal, folder_refusal, naming, sniff_fd
 from ..limits import MAX_HEADER_BYTES
-from ..ops.arguments import as_path
 from .digest import digest_bytes
 from .header import FORMAT_VERSION, Chunk, Header, entries_json, parse_header
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar, Union, cast
 
 import numpy as np
 
+from ..arguments import PathLike, as_path, check_int, check_optional_int, is_path
 from ..checkpoint.source import Checkpoint, open_checkpoint
 from ..errors import (
     BadArgumentError,
@@ -34,7 +35,6 @@ from ..io.filekind import naming
 from ..io.output_file import OutputFile
 from ..limits import MAX_CHUNK_ELEMENTS
 from . import decoder, tensors
-from .arguments import PathLike, as_path, check_int, check_optional_int, is_path
 from .encoder import DiffOptions, Progress, diff_checkpoints
 
 # Mappings hold NumPy arrays (bf16/fp8 as ml_dtypes) and/or torch tensors.

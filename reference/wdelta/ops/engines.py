@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequenc
 from dataclasses import dataclass
 from typing import Any
 
+from ..arguments import check_int, check_mapping
 from ..chain.fetch import check_link_header
 from ..chain.manifest import Link, Manifest
 from ..chain.partial import read_remote_header
@@ -32,7 +33,6 @@ from ..chain.store import Chain
 from ..errors import BadArgumentError
 from ..format.container import open_delta
 from ..format.header import Header
-from .arguments import check_int, check_mapping
 
 # vLLM's LLAMA_STACKED_PARAMS_MAPPING (Llama, Qwen2/3, Mistral, ...): (param, shard, shard id).
 LLAMA_STACKED: tuple[tuple[str, str, str | int], ...] = (

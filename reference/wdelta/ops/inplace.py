@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..arguments import check_int, check_mapping
 from ..checkpoint.source import Words
 from ..codec import chunk as chunk_codec
 from ..codec import sparse, transform
@@ -57,7 +58,6 @@ from ..format.digest import digest_bytes
 from ..format.header import Chunk, Header
 from . import decoder
 from . import tensors as live
-from .arguments import check_int, check_mapping
 from .pipeline import ordered_map, runs_locally
 from .tensors import Select, Slot, selector
 

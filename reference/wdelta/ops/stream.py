@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arguments import check_int, check_mapping
 from ..checkpoint.source import Words
 from ..codec import planes, sparse, transform
 from ..errors import (
@@ -36,7 +37,6 @@ from ..format.header import Chunk, TensorEntry
 from ..format.names import Transform
 from . import decoder
 from . import tensors as live
-from .arguments import check_int, check_mapping
 from .tensors import Select
 
 

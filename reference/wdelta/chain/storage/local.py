@@ -20,10 +20,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from ...arguments import as_path
 from ...errors import StorageError, TruncatedError
 from ...io import interrupts
 from ...io.atomic import TMP_MARK, fsync_dir, remove_stale, temp_file
-from ...ops.arguments import as_path
 from ..errors import NotFoundError
 from ..smallfile import open_regular, read_bounded
 from .base import (

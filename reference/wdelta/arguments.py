@@ -12,7 +12,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Union
 
-from ..errors import BadArgumentError
+from .errors import BadArgumentError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
