@@ -61,7 +61,7 @@ PROFILES = {
     "guarantees as decoder; refuses non-reversible deltas",
     "encoder": "writes, from a base and a target, a delta that the reference reads and "
     "applies to the exact target (and base, if reversible) and that meets the writer "
-    "requirements W1-W6 of SPEC 11.1; refuses malformed checkpoints; size is reported, "
+    "requirements W1-W6 of SPEC §11.1; refuses malformed checkpoints; size is reported, "
     "not bounded",
     "manifest": "reads a chain manifest revision ({manifest}, named by its key): accepts every "
     "valid one, refuses every one breaking CH-1..CH-9 with the required category; with the "

@@ -46,3 +46,20 @@ def test_the_checks_catch_a_broken_link(tmp_path: Path) -> None:
     doc.write_text("# Title\n\n[x](missing.md) [y](#title) [z](#nope) [w](https://e.org/x)\n")
     assert links(doc) == ["missing.md", "#title", "#nope"]
     assert anchors(doc) == {"title"}
+
+
+def test_architecture_names_only_files_that_exist() -> None:
+    """ARCHITECTURE.md names modules (`ops/api.py`, `blob.py`) and folders (`codec/`): each
+    must exist, in the package or the repository, so that the map does not go stale."""
+    package = ROOT / "reference" / "wdelta"
+    names = set(re.findall(r"`([\w./-]+(?:\.py|/))`", (ROOT / "ARCHITECTURE.md").read_text()))
+    assert "trusted_set.py" in names and "codec/" in names
+    found = [*package.rglob("*"), *ROOT.glob("*/*")]
+    files = {p.name for p in found if p.suffix == ".py"}
+    files |= {f"{p.name}/" for p in found if p.is_dir()}
+    missing = [
+        n for n in sorted(names)
+        if not any((where / n).exists() for where in (package, ROOT, ROOT / "reference"))
+        and n not in files
+    ]  # fmt: skip
+    assert not missing, missing

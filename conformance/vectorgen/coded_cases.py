@@ -1,4 +1,4 @@
-"""Cases of coded values (SPEC.md §7.6.6, feature ``coded-values``): valid forms, each rule.
+"""Cases of coded values (SPEC §7.6.6, feature ``coded-values``): valid forms, each rule.
 
 Sections come from :mod:`.codedform`, written from the spec text.  Every
 invalid section breaks one rule and is otherwise consistent (a decoder that

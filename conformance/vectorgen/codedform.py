@@ -1,4 +1,4 @@
-"""Coded values sections (SPEC.md §7.6.6) written from the spec text, not the reference.
+"""Coded values sections (SPEC §7.6.6) written from the spec text, not the reference.
 
 A section is kept as a list of parts (L, split words, per level k / U / unary
 / remainders, final coding and its fields) so that invalid cases can change

@@ -1,4 +1,4 @@
-"""Cases of the compact header form (SPEC.md §4.11): valid forms and each new rule."""
+"""Cases of the compact header form (SPEC §4.11): valid forms and each new rule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The compact header form (SPEC.md §4.11), written from SPEC alone for the vectors.
+"""The compact header form (SPEC §4.11), written from SPEC alone for the vectors.
 
 :func:`to_compact` turns a builder header (v1 form, offsets and hex digests
 filled in) into the compact form; the file records default to what SPEC

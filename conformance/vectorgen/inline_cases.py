@@ -1,4 +1,4 @@
-"""Cases of inline blobs, feature ``inline-blobs`` (SPEC.md §4.12): valid forms and each rule.
+"""Cases of inline blobs, feature ``inline-blobs`` (SPEC §4.12): valid forms and each rule.
 
 The blobs are those of the host delta (82, 47, 64, 5 and 17 stored bytes) and of
 a pair of added tensors whose full chunks store 1, 2, 3 and 192 bytes: every

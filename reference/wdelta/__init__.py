@@ -10,7 +10,7 @@ Public API::
     with wdelta.open_delta("step.wdelta") as d: d.header  # inspect
 
 Every failure raises a :class:`WdeltaError` subclass with a stable
-``category`` (SPEC.md "Error categories").
+``category`` (SPEC §12).
 """
 
 from ._version import __version__

@@ -1,7 +1,7 @@
 """The wdelta exception hierarchy.
 
 Every failure the library reports is a :class:`WdeltaError` carrying a stable
-``category`` string defined in SPEC.md ("Error categories").  The CLI prints
+``category`` string defined in SPEC §12).  The CLI prints
 ``error: CATEGORY: message`` and exits non-zero; the conformance suite compares
 categories, never messages.
 """

@@ -1,4 +1,4 @@
-"""Every limit of SPEC.md §13, in one place, in the order of its table.
+"""Every limit of SPEC §13, in one place, in the order of its table.
 
 A reader checks each limit before it allocates memory for the quantity the
 limit bounds (SPEC §13).  ``tests/test_limits.py`` reads the table in SPEC.md

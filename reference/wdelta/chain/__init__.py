@@ -1,6 +1,6 @@
 """Chains of deltas in shared storage: a trainer appends, a fleet of nodes pulls.
 
-Python API (SPEC.md "Chains")::
+Python API (SPEC §17)::
 
     from wdelta import chain
     c = chain.Chain(chain.open_storage("s3://bucket/run1"), cache=Path("cache"))
@@ -13,8 +13,7 @@ Python API (SPEC.md "Chains")::
 
 Every failure is a :class:`wdelta.WdeltaError` with a stable category; the
 chain adds ``manifest-invalid``, ``chain-broken``, ``not-found`` and ``conflict``,
-and with a trust policy (``Chain(..., trust=ROOTFILE)``, SPEC.md "Signed
-revisions") ``signature-invalid`` and ``frozen``.
+and with a trust policy (``Chain(..., trust=ROOTFILE)``, SPEC §17.11) ``signature-invalid`` and ``frozen``.
 """
 
 from .backoff import Backoff

@@ -1,4 +1,4 @@
-"""What a node has accepted from a chain, kept across restarts (SPEC.md RD-1).
+"""What a node has accepted from a chain, kept across restarts (SPEC RD-1).
 
 A reader that has accepted manifest revision ``r`` (pulled from it) must
 refuse storage rolled back below ``r``, and a revision ``r`` rewritten with

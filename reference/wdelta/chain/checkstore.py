@@ -1,4 +1,4 @@
-"""``check-storage``: test a store against the storage contract (SPEC.md §17.4).
+"""``check-storage``: test a store against the storage contract (SPEC §17.4).
 
 Every check runs under a fresh key prefix ``wdelta-check-<random>/`` that is
 deleted afterwards, also when a check fails or the run is interrupted

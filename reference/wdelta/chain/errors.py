@@ -1,4 +1,4 @@
-"""Error categories of the chain layer (SPEC.md "Chains", "Error categories").
+"""Error categories of the chain layer (SPEC §17.10).
 
 The delta-file categories of :mod:`wdelta.errors` keep their meaning here
 (a corrupt downloaded file is ``checksum-mismatch``, a transport failure is

@@ -1,4 +1,4 @@
-"""``--max-age``: refuse a head revision published too long ago (SPEC.md §17.7).
+"""``--max-age``: refuse a head revision published too long ago (SPEC §17.7).
 
 The age is the node's clock minus the head manifest's ``updated`` time.
 Without a trust policy ``updated`` is unauthenticated: a stalled trainer is

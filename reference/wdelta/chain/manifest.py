@@ -1,4 +1,4 @@
-"""The chain manifest: versions, snapshots and links (SPEC.md "Chains").
+"""The chain manifest: versions, snapshots and links (SPEC §17).
 
 A manifest revision is an immutable JSON file.  :func:`parse_manifest`
 checks, in this order: UTF-8 JSON without duplicate keys, ``format`` and
@@ -284,7 +284,7 @@ def _check_envelope(raw: dict[str, Any]) -> None:
 
 
 def parse_manifest(data: bytes, *, expected_revision: int | None = None) -> Manifest:
-    """Validate manifest bytes (every rule of SPEC.md "Manifest rules")."""
+    """Validate manifest bytes (every rule of SPEC §17.3)."""
     raw = _load_json(data)
     _check_envelope(raw)
     parent = raw["parent"]

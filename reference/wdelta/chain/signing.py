@@ -1,4 +1,4 @@
-"""Ed25519 keys, key files and signatures over canonical JSON (SPEC.md "Signed revisions").
+"""Ed25519 keys, key files and signatures over canonical JSON (SPEC §17.11).
 
 A *signing key* file holds a private key (mode 0600, refused if group or
 others may read it); a *public key* file holds its public half.  Both are

@@ -1,6 +1,6 @@
 """A chain in storage: manifest revisions, verified uploads, a verified download cache.
 
-Publishing (SPEC.md "Concurrency"): a writer uploads every new file, reads it
+Publishing (SPEC §17.5): a writer uploads every new file, reads it
 back and checks its digest, and only then creates the next manifest revision
 with a create-only write.  If another writer took that revision number first,
 the update is re-applied to the newer manifest and retried, so no version is

@@ -1,4 +1,4 @@
-"""Trust roots and revision signatures over storage (SPEC.md "Signed revisions", SG-1..SG-7).
+"""Trust roots and revision signatures over storage (SPEC §17.11, SG-1..SG-7).
 
 A *root* lists the Ed25519 keys trusted for one chain in two roles, as TUF
 separates its root role from the online ones: the *root* role's keys (kept

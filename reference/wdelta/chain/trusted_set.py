@@ -1,4 +1,4 @@
-"""The trust core of a signed chain (SPEC.md §17.11, SG-1..SG-5): bytes in, verdicts out.
+"""The trust core of a signed chain (SPEC §17.11, SG-1..SG-5): bytes in, verdicts out.
 
 As python-tuf's ``TrustedMetadataSet``, :class:`TrustedSet` holds what a node
 trusts, the roots from the operator's trust root to the newest one walked to, and

@@ -26,7 +26,7 @@ from ..io import filekind
 from ..limits import MAX_INPUT_HEADER_BYTES
 from .safetensors_header import FileLayout, build_header, parse_header
 
-# File names a delta can record (SPEC.md §4.9): no paths, no leading dot, at
+# File names a delta can record (SPEC §4.9): no paths, no leading dot, at
 # most 255 characters.  Always used with ``fullmatch``: Python's ``$`` would
 # also match before a final line feed, which the format's patterns exclude.
 SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors")

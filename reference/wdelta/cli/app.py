@@ -148,7 +148,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     except MemoryError as exc:
         why = f" ({exc})" if str(exc) else ""
         return _fail(StorageError(f"out of memory{why}: free memory or run with --threads 1"))
-    except Exception as exc:  # a bug still gets the one-line contract of SPEC 12.2
+    except Exception as exc:  # a bug still gets the one-line contract of SPEC §12.2
         return _fail(_unexpected(exc))
 
 

@@ -38,7 +38,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             with open_delta(args.output) as d:
                 s = summarize(d)
         except WdeltaError:
-            # A command that reports an error leaves no output (SPEC.md §10.5).
+            # A command that reports an error leaves no output (SPEC §10.5).
             os.unlink(args.output)
             raise
         print(printable(f"wrote {args.output}: {s.file_bytes} bytes, {s.ratio:.4%} of the target"))
@@ -174,7 +174,7 @@ def _register_verify(commands: Commands) -> None:
     p.add_argument("--target", default=None, metavar="TARGET",
                    help="the delta's target (with --strict-writer)")  # fmt: skip
     p.add_argument("--strict-writer", action="store_true",
-                   help="also check the writer requirements W1-W6 of SPEC 11.1 (needs --base "
+                   help="also check the writer requirements W1-W6 of SPEC §11.1 (needs --base "
                    "and --target)")  # fmt: skip
     _add_common(p)
     p.set_defaults(func=_cmd_verify, synopsis="wdelta verify DELTA [--base BASE]")

@@ -59,7 +59,7 @@ def _level(text: str) -> int | None:
 def add_encoding(p: argparse.ArgumentParser) -> None:
     """``--level`` and ``--chunk-elements``, for the commands that encode a delta."""
     p.add_argument("--level", type=_level, default=None,
-                   help="zstd level -7..22 or auto (default: SPEC 11.2)")  # fmt: skip
+                   help="zstd level -7..22 or auto (default: SPEC §11.2)")  # fmt: skip
     p.add_argument("--chunk-elements", type=int, default=None, help="elements per chunk")
 
 

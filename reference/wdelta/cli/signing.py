@@ -1,6 +1,6 @@
 """``wdelta chain keygen | root | rotate | sign | refresh``, the signature lines of
 ``chain log`` (one per stored revision) and the co-signing hint of a publication
-signed below the threshold (SPEC.md "Signed revisions")."""
+signed below the threshold (SPEC §17.11)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Blob codecs (SPEC.md §8): ``zstd`` (one frame, content size declared) or ``none``.
+"""Blob codecs (SPEC §8): ``zstd`` (one frame, content size declared) or ``none``.
 
 The decompressed size is recorded in the header and enforced before any
 output buffer is allocated: a frame that declares another size, hides its

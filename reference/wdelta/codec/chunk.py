@@ -1,4 +1,4 @@
-"""One chunk (SPEC.md §7): its stored blob from a chosen encoding, and decoding.
+"""One chunk (SPEC §7): its stored blob from a chosen encoding, and decoding.
 
 The writers here lay out what the encoder chose (:mod:`wdelta.policy.chunk`
 chooses); :func:`decode` dispatches on the chunk's encoding (``unchanged``

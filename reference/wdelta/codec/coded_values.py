@@ -1,4 +1,4 @@
-"""Coded values (feature ``coded-values``, SPEC.md §7.6.6): split levels, then a final coding.
+"""Coded values (feature ``coded-values``, SPEC §7.6.6): split levels, then a final coding.
 
 This module reads a section and writes one from the levels and final coding
 the encoder chose (:mod:`wdelta.policy.values` chooses them).

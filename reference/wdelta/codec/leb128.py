@@ -1,4 +1,4 @@
-"""Unsigned LEB128 integers (SPEC.md §7.6.6): 7 bits per byte, low group first.
+"""Unsigned LEB128 integers (SPEC §7.6.6): 7 bits per byte, low group first.
 
 A byte's high bit says another byte follows.  The reader accepts only the
 minimal form (no final 0x00 group after the first byte) of a value below

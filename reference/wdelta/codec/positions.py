@@ -1,4 +1,4 @@
-"""Sets of changed positions within a chunk (SPEC.md §7.6.2 bitmap, §7.6.3 Rice-coded
+"""Sets of changed positions within a chunk (SPEC §7.6.2 bitmap, §7.6.3 Rice-coded
 gaps): each coding's writer, given its parameters, and its validating reader.
 
 Bit streams are LSB-first: stream bit n is bit (n & 7) of byte (n >> 3).

@@ -1,4 +1,4 @@
-"""The ``sparse`` encoding (SPEC.md §7.6): changed positions plus transformed values there.
+"""The ``sparse`` encoding (SPEC §7.6): changed positions plus transformed values there.
 
 Raw payload: u8 position coding (0 bitmap, 1 rice), u8 k,
 u8 value coding.  Value coding 0 (v1): 5 zero bytes, u64 count c; then for

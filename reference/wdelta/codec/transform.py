@@ -1,4 +1,4 @@
-"""Value transforms on stored words, never on float values (SPEC.md §6).
+"""Value transforms on stored words, never on float values (SPEC §6).
 
 ``xor``: v = t ^ b.  ``sub``: d = (t - b) mod 2^w, stored zigzag-coded so that
 a small signed step (the common case for a bf16 update) has zero high bytes.

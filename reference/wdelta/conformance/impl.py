@@ -1,6 +1,6 @@
 """Implementations under test: external commands (templates) or the reference in-process.
 
-The contract (SPEC.md "Conformance"): exit status 0 and a written ``{out}``
+The contract (SPEC §16): exit status 0 and a written ``{out}``
 is success; a non-zero exit status is a refusal, whose category is read from
 the last non-empty line of stderr, ``error: CATEGORY[: message]``.  A process
 killed by a signal or past the timeout has neither succeeded nor refused.

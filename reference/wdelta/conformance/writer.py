@@ -1,4 +1,4 @@
-"""The writer requirements of SPEC.md §11.1 that a reader cannot check.
+"""The writer requirements of SPEC §11.1 that a reader cannot check.
 
 A reader validates everything a delta must satisfy on its own (§3 to §9).
 Some requirements bind writers only, or need the base and the target to be

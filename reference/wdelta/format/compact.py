@@ -1,4 +1,4 @@
-"""The compact header form, feature ``compact-header`` (SPEC.md §4.11).
+"""The compact header form, feature ``compact-header`` (SPEC §4.11).
 
 The compact form says the same as the v1 form in about a third of the bytes:
 side files whose safetensors header is what the serializer writes for their

@@ -1,6 +1,6 @@
 """The delta file container: 64-byte prefix, header, data section.
 
-Prefix (SPEC.md section 3): magic ``89 57 44 45 4C 54 41 0A``, u32 version,
+Prefix (SPEC §3): magic ``89 57 44 45 4C 54 41 0A``, u32 version,
 u32 reserved (0), u64 header length N (multiple of 8), 32-byte BLAKE3 of the
 header, u64 data length D.  The file is exactly 64 + N + D bytes long.
 """

@@ -1,6 +1,6 @@
 """BLAKE3 digests of tensors, checkpoints, headers and blobs.
 
-One algorithm serves every role (SPEC.md "Integrity"): BLAKE3-256 hashes
+One algorithm serves every role (SPEC §9): BLAKE3-256 hashes
 3 GB/s on one core here and about 5 GB/s on two, 2-3x SHA-256, so verifying
 every byte of base and target does not dominate apply time.
 """

@@ -3,7 +3,7 @@
 ``parse_header`` turns the header bytes of a delta file into a
 :class:`Header`, checking, in this order: UTF-8 JSON without duplicate keys,
 the version, the required features, the JSON Schema, then every rule of
-SPEC.md section 4 (ops, chunk counts, blob contiguity, layouts, digests).
+SPEC §4 (ops, chunk counts, blob contiguity, layouts, digests).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Blobs stored in the header, feature ``inline-blobs`` (SPEC.md §4.12).
+"""Blobs stored in the header, feature ``inline-blobs`` (SPEC §4.12).
 
 A chunk whose stored blob is tiny (an fp8 block-scale tensor of 4-48 F32
 values, a changed norm vector) costs more header bytes for its checksum and

@@ -1,4 +1,4 @@
-"""File layouts of a delta's base and target sides (SPEC.md "Layouts").
+"""File layouts of a delta's base and target sides (SPEC §4.9).
 
 A side records the exact safetensors header of every file and the exact text
 of the sharded index, so that apply rewrites the files byte for byte; the

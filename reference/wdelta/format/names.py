@@ -1,4 +1,4 @@
-"""The names the header gives tensor ops (SPEC.md §4.5), chunk encodings (§7), value
+"""The names the header gives tensor ops (SPEC §4.5), chunk encodings (§7), value
 transforms (§6) and blob codecs (§8): one ``Literal`` type and one tuple of its values each.
 
 The header holds these names as JSON strings, so they stay plain ``str`` values;

@@ -46,7 +46,7 @@ def validator(name: str, definition: str | None = None) -> jsonschema.protocols.
     # suite (tests/test_schemas.py), not here: that costs ~50 ms per process.
     schema = load(name)
     base = jsonschema.validators.validator_for(schema)
-    # JSON Schema counts 4096.0 as an integer; wdelta does not (SPEC.md §4.1).
+    # JSON Schema counts 4096.0 as an integer; wdelta does not (SPEC §4.1).
     checker = base.TYPE_CHECKER.redefine("integer", _is_integer)
     cls = jsonschema.validators.extend(
         base, validators={"pattern": _pattern_keyword}, type_checker=checker

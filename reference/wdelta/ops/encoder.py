@@ -412,7 +412,7 @@ def _prepend(fd: int, header: bytes, data_length: int) -> None:
     """Put the prefix and ``header`` in front of the ``data_length`` bytes at offset 0.
 
     With a large enough data section the header is padded so that the data
-    starts on a 4096-byte boundary (SPEC.md 4.1) and the room is inserted
+    starts on a 4096-byte boundary (SPEC §4.1) and the room is inserted
     without moving data; otherwise, or where inserting is not possible, the
     data is shifted and the header carries 0 to 7 spaces of padding.
     """

@@ -2,7 +2,7 @@
 
 wdelta reads and writes a tensor only through a :class:`Slot`: chunk ``[start,
 start + count)`` of its elements in row-major order, as little-endian unsigned
-words (SPEC.md §5), so bf16, fp8, NaN payloads and -0.0 pass as bit patterns.
+words (SPEC §5), so bf16, fp8, NaN payloads and -0.0 pass as bit patterns.
 torch tensors are reinterpreted with ``tensor.view(<int dtype of the same
 size>)``, never converted; torch is imported only when a torch tensor is
 seen, so the file tools never need it.  Non-contiguous tensors are read and

@@ -1,4 +1,4 @@
-"""The reference encoder's policy, informative (SPEC.md §11.2 "Reference encoder").
+"""The reference encoder's policy, informative (SPEC §11.2 "Reference encoder").
 
 Every choice the encoder makes and that a reader never needs: a chunk's encoding
 (:mod:`.chunk`), its value transform (:mod:`.transform`), Rice parameters and the

@@ -1,4 +1,4 @@
-"""The encoder's choice of a modified chunk's encoding (SPEC.md §7), and its thresholds.
+"""The encoder's choice of a modified chunk's encoding (SPEC §7), and its thresholds.
 
 Informative (SPEC §11.2): :func:`encode_modified` finds the changed elements,
 picks the transform (:mod:`.transform`), the position coding (:mod:`.rice`) and

@@ -1,6 +1,6 @@
 """The Rice parameters the encoder picks, and a sparse payload's position coding.
 
-Any k from 0 to 31 is valid for positions (SPEC.md §7.6.3) and any k below the
+Any k from 0 to 31 is valid for positions (SPEC §7.6.3) and any k below the
 word width for final values (§7.6.6); these functions pick the k that codes
 smallest (exactly, or by estimate), and between the bitmap and Rice coding of a
 chunk's positions (§7.6.2, §7.6.3) the smaller.

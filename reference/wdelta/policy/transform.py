@@ -1,4 +1,4 @@
-"""The encoder's pick of a chunk's value transform (SPEC.md §6), and the size
+"""The encoder's pick of a chunk's value transform (SPEC §6), and the size
 estimates it rests on.
 
 Informative (SPEC §11.2): either transform is valid for any chunk.  Zeroth-order

@@ -1,4 +1,4 @@
-"""The encoder's coded-values policy (SPEC.md §7.6.6): whether a sparse payload codes
+"""The encoder's coded-values policy (SPEC §7.6.6): whether a sparse payload codes
 its values, with how many split levels and which final coding.
 
 Informative (SPEC §11.2): any choice :mod:`wdelta.codec.coded_values` can write is

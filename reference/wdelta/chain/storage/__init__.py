@@ -1,4 +1,4 @@
-"""Storage backends of a chain, chosen by URL (SPEC.md "Storage model").
+"""Storage backends of a chain, chosen by URL (SPEC §17.4).
 
 ``open_storage("path/or/file://...")`` is a local folder, ``s3://BUCKET/PREFIX``
 S3-compatible storage (boto3; endpoint from ``AWS_ENDPOINT_URL``) and

@@ -1,4 +1,4 @@
-"""The storage interface every backend implements (SPEC.md "Storage model").
+"""The storage interface every backend implements (SPEC §17.4).
 
 Keys are ``/``-separated relative names (``deltas/<digest>.wdelta``).  The
 chain layer needs only: whole and ranged reads, a streamed read from an
@@ -7,7 +7,7 @@ offset (resumable downloads), an overwriting upload of a local file, a
 on), a listing by prefix, and delete.  A missing object is always
 :class:`NotFoundError`, never an empty result.
 
-Every read is bounded by what the caller asked for (SPEC.md §17.6, RD-5):
+Every read is bounded by what the caller asked for (SPEC §17.6, RD-5):
 a ranged read by its length, a whole read by the caller's limit, so a store
 that answers more than it was asked (a lying mirror, ``/dev/zero`` behind a
 symlink) costs at most one byte past it before the answer is refused.

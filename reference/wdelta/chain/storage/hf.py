@@ -5,7 +5,7 @@ URLs: ``hf://buckets/NS/NAME/PREFIX``, ``hf://NS/NAME/PREFIX`` (model repo),
 ranged requests (a missing file raises, it is never skipped).  It returns
 at most the bytes asked for (a longer answer is refused all the same), but
 receives a whole answer before it does: the transfer of a store that answers
-more than asked is not cut short (SPEC.md RD-5).  The token
+more than asked is not cut short (SPEC RD-5).  The token
 comes from the usual environment (``HF_TOKEN`` or the saved login).
 
 Uploads go through ``huggingface_hub``'s own large-file path: ``upload_file``
