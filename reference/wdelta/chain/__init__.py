@@ -13,7 +13,8 @@ Python API (SPEC §17)::
 
 Every failure is a :class:`wdelta.WdeltaError` with a stable category; the
 chain adds ``manifest-invalid``, ``chain-broken``, ``not-found`` and ``conflict``,
-and with a trust policy (``Chain(..., trust=ROOTFILE)``, SPEC §17.11) ``signature-invalid`` and ``frozen``.
+and with a trust policy (``Chain(..., trust=ROOTFILE)``, SPEC §17.11)
+``signature-invalid`` and ``frozen``.
 """
 
 from .backoff import Backoff
