@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import HealthCheck, settings
 
+from chainkit import S3Server
 from wdelta.format import inline_blobs
 
 # derandomize: every run draws the same examples, so a red CI run reproduces
@@ -25,3 +28,13 @@ def no_inline(monkeypatch: pytest.MonkeyPatch) -> None:
     """The encoder of this process keeps every blob in the data section (no SPEC §4.12
     inline blobs), for tests about blobs there: their checksums, reads, truncation."""
     monkeypatch.setattr(inline_blobs, "WRITE_MAX_BYTES", 0)
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    """moto's S3 server on loopback, one per test module (tests make their own buckets)."""
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto.server")
+    server = S3Server()
+    yield server
+    server.stop()

@@ -170,12 +170,6 @@ def test_endless_data(tmp_path: Path) -> None:
     assert counting.streamed < 1 << 20
 
 
-@pytest.fixture(scope="module")
-def s3() -> Any:
-    server = S3Server()
-    yield server
-    server.stop()
-
 
 def _mirror(s: Signed, s3: S3Server) -> S3Storage:
     """A copy of the chain in a loopback S3 bucket (what a mirror serves)."""

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -145,14 +144,6 @@ def test_cli_fails_on_racy_store(tmp_path: Path) -> None:
     assert first.startswith("ST-1 FAIL: round 1: ") and "of 4 creates won" in first
     assert objects(tmp_path) == []
 
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    pytest.importorskip("boto3")
-    pytest.importorskip("moto.server")
-    server = S3Server()
-    yield server
-    server.stop()
 
 
 def test_cli_loopback_s3(s3: S3Server) -> None:

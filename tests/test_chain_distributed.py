@@ -34,12 +34,6 @@ RANK = Path(__file__).resolve().parent / "distributed_rank.py"
 MODEL = {"dim": 128, "layers": 2, "heads": 4, "vocab": 256, "seed": 0}
 
 
-@pytest.fixture(scope="module")
-def s3() -> Any:
-    server = S3Server()
-    yield server
-    server.stop()
-
 
 def _spawn(role: str, world: int, s3: S3Server, bucket: str, prefix: str, out: Path,
            cfg: dict[str, Any]) -> list[subprocess.Popen[bytes]]:  # fmt: skip

@@ -202,14 +202,6 @@ class LyingClient:
         return getattr(self.real, name)
 
 
-@pytest.fixture(scope="module")
-def s3() -> Any:
-    pytest.importorskip("boto3")
-    pytest.importorskip("moto.server")
-    server = S3Server()
-    yield server
-    server.stop()
-
 
 def _s3(s3: S3Server, lies: tuple[str, ...]) -> tuple[Storage, LyingClient]:
     from wdelta.chain.storage.s3 import S3Storage

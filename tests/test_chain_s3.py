@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,13 +33,6 @@ pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 
 from wdelta.chain.storage.s3 import S3Storage
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    server = S3Server()
-    yield server
-    server.stop()
 
 
 def storage(s3: S3Server, bucket: str, endpoint: str | None = None) -> S3Storage:

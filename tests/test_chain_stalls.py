@@ -15,19 +15,12 @@ from chainkit import Proxy, S3Server
 from signkit import signed_chain
 from wdelta import chain
 from wdelta.chain.manifest import MANIFEST_PREFIX
-from wdelta.chain.storage import local, s3, stall
+from wdelta.chain.storage import local, stall
+from wdelta.chain.storage import s3 as s3_backend
 from wdelta.errors import WdeltaError
 
 SIZE = 2 << 20  # bytes of the object a trickling store serves
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    pytest.importorskip("boto3")
-    pytest.importorskip("moto.server")
-    srv = S3Server()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture
@@ -37,16 +30,16 @@ def impatient(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stall, "MIN_RATE", 1 << 20)
 
 
-def _trickling(server: S3Server) -> tuple[s3.S3Storage, Proxy]:
-    bucket = server.new_bucket()
-    s3.S3Storage(bucket, "m", client=server.client()).create("obj", bytes(SIZE))
-    proxy = Proxy(server.port, delay=0.3)  # 16 KiB every 0.3 s: SIZE would take 40 s
-    return s3.S3Storage(bucket, "m", client=server.client(proxy.endpoint)), proxy
+def _trickling(s3: S3Server) -> tuple[s3_backend.S3Storage, Proxy]:
+    bucket = s3.new_bucket()
+    s3_backend.S3Storage(bucket, "m", client=s3.client()).create("obj", bytes(SIZE))
+    proxy = Proxy(s3.port, delay=0.3)  # 16 KiB every 0.3 s: SIZE would take 40 s
+    return s3_backend.S3Storage(bucket, "m", client=s3.client(proxy.endpoint)), proxy
 
 
 @pytest.mark.parametrize("read", ["read", "read_range", "stream"])
-def test_a_trickling_answer_is_cut_off(server: S3Server, impatient: None, read: str) -> None:
-    st, proxy = _trickling(server)
+def test_a_trickling_answer_is_cut_off(s3: S3Server, impatient: None, read: str) -> None:
+    st, proxy = _trickling(s3)
     calls: dict[str, Any] = {
         "read": lambda: st.read("obj", SIZE),
         "read_range": lambda: st.read_range("obj", 0, SIZE),
@@ -62,12 +55,12 @@ def test_a_trickling_answer_is_cut_off(server: S3Server, impatient: None, read: 
     assert "stalled" in str(info.value)
 
 
-def test_an_answer_at_a_fair_rate_is_not_cut(server: S3Server, impatient: None) -> None:
-    bucket = server.new_bucket()
-    s3.S3Storage(bucket, "m", client=server.client()).create("obj", bytes(range(256)) * 64)
-    proxy = Proxy(server.port, delay=0.0)
+def test_an_answer_at_a_fair_rate_is_not_cut(s3: S3Server, impatient: None) -> None:
+    bucket = s3.new_bucket()
+    s3_backend.S3Storage(bucket, "m", client=s3.client()).create("obj", bytes(range(256)) * 64)
+    proxy = Proxy(s3.port, delay=0.0)
     try:
-        st = s3.S3Storage(bucket, "m", client=server.client(proxy.endpoint))
+        st = s3_backend.S3Storage(bucket, "m", client=s3.client(proxy.endpoint))
         assert st.read("obj", 1 << 20) == bytes(range(256)) * 64
     finally:
         proxy.close()
@@ -106,9 +99,9 @@ class _EndlessClient:
 
 @pytest.mark.parametrize("repeat", [False, True], ids=["endless", "looping"])
 def test_a_listing_without_end_is_refused(monkeypatch: pytest.MonkeyPatch, repeat: bool) -> None:
-    monkeypatch.setattr(s3, "MAX_LISTED", 20_000)
+    monkeypatch.setattr(s3_backend, "MAX_LISTED", 20_000)
     client = _EndlessClient(repeat)
-    st = s3.S3Storage("b", "m", client=client)
+    st = s3_backend.S3Storage("b", "m", client=client)
     with pytest.raises(WdeltaError) as info:
         st.list(MANIFEST_PREFIX)
     words = "the listing went backwards" if repeat else "goes past 20,000 objects"

@@ -4,7 +4,6 @@ downloads built on ``read_range`` (every backend), resumable and verified."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,6 @@ MiB = 1 << 20
 def _payload(size: int, seed: int = 0) -> bytes:
     return blake3.blake3(seed.to_bytes(8, "little")).digest(length=size)
 
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    pytest.importorskip("boto3")
-    pytest.importorskip("moto.server")
-    server = S3Server()
-    yield server
-    server.stop()
 
 
 def _s3_storage(s3: S3Server, transfer: chain.Transfer | None = None) -> Any:

@@ -114,14 +114,6 @@ class PrefixAsFolder(MemoryStorage):
         return super().list(folder)
 
 
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[S3Server]:
-    pytest.importorskip("boto3")
-    pytest.importorskip("moto.server")
-    server = S3Server()
-    yield server
-    server.stop()
-
 
 def _local(tmp_path: Path) -> Connect:
     return lambda: LocalStorage(tmp_path / "store")
@@ -130,7 +122,7 @@ def _local(tmp_path: Path) -> Connect:
 def _s3(request: pytest.FixtureRequest) -> Connect:
     from wdelta.chain.storage.s3 import S3Storage
 
-    server: S3Server = request.getfixturevalue("s3_server")
+    server: S3Server = request.getfixturevalue("s3")
     bucket = server.new_bucket()
     return lambda: S3Storage(bucket, "runs/contract", client=server.client())
 
