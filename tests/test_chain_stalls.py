@@ -15,7 +15,7 @@ from chainkit import Proxy, S3Server
 from signkit import signed_chain
 from wdelta import chain
 from wdelta.chain.manifest import MANIFEST_PREFIX
-from wdelta.chain.storage import local, stall
+from wdelta.chain.storage import base, stall
 from wdelta.chain.storage import s3 as s3_backend
 from wdelta.errors import WdeltaError
 
@@ -99,7 +99,7 @@ class _EndlessClient:
 
 @pytest.mark.parametrize("repeat", [False, True], ids=["endless", "looping"])
 def test_a_listing_without_end_is_refused(monkeypatch: pytest.MonkeyPatch, repeat: bool) -> None:
-    monkeypatch.setattr(s3_backend, "MAX_LISTED", 20_000)
+    monkeypatch.setattr(base, "MAX_LISTED", 20_000)
     client = _EndlessClient(repeat)
     st = s3_backend.S3Storage("b", "m", client=client)
     with pytest.raises(WdeltaError) as info:
@@ -116,11 +116,11 @@ def test_a_local_store_flooded_with_objects_is_refused_and_the_node_kept(
     s.publish()
     for n in range(40):
         (s.store / MANIFEST_PREFIX / f"planted-{n}").write_bytes(b"x")
-    monkeypatch.setattr(local, "MAX_LISTED", 30)
+    monkeypatch.setattr(base, "MAX_LISTED", 30)
     before = s.node.read_bytes()
     with pytest.raises(WdeltaError) as info:
         s.pull()
     assert info.value.category == "limit-exceeded" and "goes past 30 objects" in str(info.value)
     assert s.node.read_bytes() == before
-    monkeypatch.setattr(local, "MAX_LISTED", 1_000_000)
+    monkeypatch.undo()
     assert chain.pull(s.node_chain(), s.node).version.number == 2

@@ -85,6 +85,48 @@ def test_a_race_loser_signs_nothing_an_attacker_could_plant(tmp_path: Path) -> N
         assert policy.check_revision(genuine, r, genuine.read(revision_key(r), MAX_MANIFEST_BYTES))
 
 
+class _Overwriting(Wrapped):
+    """A store that breaks ST-1: a create-only write of ``key`` always "succeeds", and
+    another writer's write of the same revision (``rival``) lands on top of it."""
+
+    def __init__(self, inner: Storage, key: str, rival: Callable[[bytes], bytes]) -> None:
+        super().__init__(inner)
+        self.key, self.rival = key, rival
+
+    def create(self, key: str, data: bytes) -> bool:
+        if key != self.key:
+            return self.inner.create(key, data)
+        (Path(self.inner.url) / key).write_bytes(self.rival(data))
+        return True
+
+
+def test_a_store_that_lets_two_writers_win_gets_no_signature(tmp_path: Path) -> None:
+    """WS-2: before signing, a writer reads its revision back; another writer's bytes there
+    mean the store does not keep create-only writes, and signing either would fork nodes."""
+    s = signed_chain(tmp_path)
+    new = s.next_checkpoint()
+
+    def rival(data: bytes) -> bytes:
+        doc = json.loads(data)
+        doc["updated"] = "2030-01-01T00:00:00Z"  # the other writer's manifest
+        return json.dumps(doc).encode()
+
+    broken = _Overwriting(chain.LocalStorage(s.store), revision_key(3), rival)
+    writer = chain.Chain(broken, tmp_path / "wcache", trust=s.root, sign=[key("alice")])
+    with pytest.raises(WdeltaError) as info:
+        chain.append(writer, new, s.ckpts[1])
+    assert info.value.category == "conflict" and "ST-1" in str(info.value), info.value
+    assert "nothing was signed" in str(info.value)
+    stored = digest_bytes((s.store / revision_key(3)).read_bytes())
+    assert list(s.store.glob(f"signatures/{stored}/*")) == []
+    assert len(list(s.store.glob("signatures/*/*"))) == 2  # revisions 1 and 2 only
+    before = s.node.read_bytes()
+    with pytest.raises(WdeltaError) as info:
+        s.pull()
+    assert info.value.category == "signature-invalid"
+    assert s.node.read_bytes() == before
+
+
 class _SignedMeanwhile(Wrapped):
     """The winner of a race storing its signatures while another writer reads the head:
     after the first look for a signature object of ``digest``, ``then`` runs."""

@@ -188,6 +188,7 @@ class Chain:
             self.trust.update(self.storage)  # a newer root already stored must sign too
         if not self.storage.create(revision_key(1), m.to_bytes()):
             raise ConflictError(f"{self.storage.url}: a chain already exists here")
+        self._check_stored(m)
         self._sign(m)
         self.seen_revision = 1
         return m
@@ -201,6 +202,7 @@ class Chain:
             new = update(current)
             self._check_files(current, new)
             if self._create(new):
+                self._check_stored(new)
                 self._sign(new)
                 self.seen_revision = new.revision
                 return new
@@ -220,6 +222,19 @@ class Chain:
                 f"signed (WS-2): if the chain's head is revision {m.revision} with your version, "
                 f"sign it with {self._sign_command(m)}"
             ) from exc
+
+    def _check_stored(self, m: Manifest) -> None:
+        """WS-2: revision ``m`` holds the bytes this writer created. A store that breaks ST-1
+        (another writer's create-only write of the same revision overwrote ours, both told
+        they won) must not get this writer's signature on the other's manifest, or on ours
+        while nodes may already hold the other: either way a fork."""
+        stored = self.storage.read(revision_key(m.revision), MAX_MANIFEST_BYTES)
+        if stored != m.to_bytes():
+            raise ConflictError(
+                f"{self.storage.url}: revision {m.revision} holds other bytes than this writer "
+                "created, so the store does not keep create-only writes (ST-1; 'wdelta chain "
+                "check-storage URL' tests a store); nothing was signed"
+            )
 
     def _sign_command(self, m: Manifest) -> str:
         return (f"'wdelta chain sign URL --trust ROOT --sign KEY --expect-revision {m.revision} "

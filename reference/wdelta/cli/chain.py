@@ -401,10 +401,7 @@ def _register_checkers(commands: Commands) -> None:
     p.add_argument("--after", default=None, metavar="SEEN",
                    help="a revision file accepted before: refuse a rollback or fork from it "
                    "(RD-1)")  # fmt: skip
-    p.add_argument(
-        "--state", default=None, metavar="FILE",
-        help="a node's acceptance state (needs --store): RD-1 and the trust it records",
-    )  # fmt: skip
+    options.add_state(p, "a node's acceptance state (needs --store): RD-1 and the trust it records")
     options.add_quiet(p, "no output on success")
     p.set_defaults(func=_cmd_check)
 
@@ -427,9 +424,8 @@ def _register_pull(commands: Commands) -> None:
                    help="longest wait in seconds between retries of a failing --follow poll "
                    "(300)")  # fmt: skip
     options.add_trust(p)
-    p.add_argument("--state", default=None, metavar="FILE",
-                   help="where the accepted head revision is kept, to refuse a rolled-back "
-                   "chain (default: .LOCAL.wdelta-accepted.json beside LOCAL)")  # fmt: skip
+    options.add_state(p, "where the accepted head revision is kept, to refuse a rolled-back "
+                      "chain (default: .LOCAL.wdelta-accepted.json beside LOCAL)")  # fmt: skip
     p.add_argument(
         "--max-age", default=None, metavar="DURATION",
         help="refuse (error: frozen) a head published longer ago: 90s, 30m, 12h, 7d",

@@ -38,6 +38,11 @@ def add_quiet(p: argparse.ArgumentParser, help: str = "no progress or summary") 
     p.add_argument("--quiet", "-q", action="store_true", help=help)
 
 
+def add_state(p: argparse.ArgumentParser, help: str) -> None:
+    """``--state FILE``: a node's acceptance state (SPEC §17.7), for ``pull`` and ``check``."""
+    p.add_argument("--state", default=None, metavar="FILE", help=help)
+
+
 def add_threads(p: argparse.ArgumentParser, default: int = 2) -> None:
     p.add_argument("--threads", type=int, default=default,
                    help=f"worker threads (default: {default})")  # fmt: skip

@@ -65,11 +65,13 @@ def longer_than_asked(url: str, key: str, length: int) -> StorageError:
     return StorageError(f"{url}{key}: the store answered more than the {length} bytes asked")
 
 
-def too_many_listed(url: str, prefix: str, limit: int) -> LimitExceededError:
-    return LimitExceededError(
-        f"{url}{prefix}: the listing goes past {limit:,} objects (a store that lists "
-        "without end); refused"
-    )
+def check_listed(url: str, prefix: str, count: int) -> None:
+    """Refuse a listing of ``count`` objects so far if that is past :data:`MAX_LISTED`."""
+    if count > MAX_LISTED:
+        raise LimitExceededError(
+            f"{url}{prefix}: the listing goes past {MAX_LISTED:,} objects (a store that lists "
+            "without end); refused"
+        )
 
 
 def check_key(key: str) -> str:

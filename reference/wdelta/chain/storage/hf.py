@@ -31,16 +31,8 @@ from typing import Any
 
 from ...errors import BadArgumentError, StorageError, TruncatedError
 from ..errors import NotFoundError
-from .base import (
-    MAX_LISTED,
-    ObjectInfo,
-    Progress,
-    Storage,
-    check_key,
-    longer_than_asked,
-    missing_package,
-    too_many_listed,
-)
+from . import base
+from .base import ObjectInfo, Progress, Storage, check_key, longer_than_asked, missing_package
 
 RANGE_BLOCK = 8 << 20
 _COMMIT_ATTEMPTS = 8
@@ -211,8 +203,7 @@ class HfStorage(Storage):
             return []
         except Exception as exc:
             raise self._fail(prefix, exc) from exc
-        if len(found) > MAX_LISTED:
-            raise too_many_listed(self.url, prefix, MAX_LISTED)
+        base.check_listed(self.url, prefix, len(found))
         out = []
         for path, info in found.items():
             key = path[len(self.loc.fs_root) + 1 :]

@@ -26,16 +26,8 @@ from ...io import interrupts
 from ...io.atomic import TMP_MARK, fsync_dir, remove_stale, temp_file
 from ..errors import NotFoundError
 from ..smallfile import open_regular, read_bounded
-from .base import (
-    MAX_LISTED,
-    STREAM_BLOCK,
-    ObjectInfo,
-    Progress,
-    Storage,
-    check_key,
-    too_large,
-    too_many_listed,
-)
+from . import base
+from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key, too_large
 
 
 class LocalStorage(Storage):
@@ -150,13 +142,12 @@ class LocalStorage(Storage):
         nothing once any command has listed the chain again.
         """
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        base = self.root / folder if folder else self.root
-        if not base.is_dir():
+        top = self.root / folder if folder else self.root
+        if not top.is_dir():
             return []
-        paths = list(itertools.islice(base.rglob("*"), MAX_LISTED + 1))
-        if len(paths) > MAX_LISTED:
-            raise too_many_listed(f"{self.url}/", prefix, MAX_LISTED)
-        for path in [base, *paths]:
+        paths = list(itertools.islice(top.rglob("*"), base.MAX_LISTED + 1))
+        base.check_listed(f"{self.url}/", prefix, len(paths))
+        for path in [top, *paths]:
             if path.is_dir():
                 remove_stale(path)
         found = []

@@ -25,16 +25,15 @@ from typing import Any
 from ...errors import BadArgumentError, StorageError, TruncatedError
 from ..errors import NotFoundError
 from .base import (
-    MAX_LISTED,
     STREAM_BLOCK,
     ObjectInfo,
     Progress,
     Storage,
     check_key,
+    check_listed,
     longer_than_asked,
     missing_package,
     too_large,
-    too_many_listed,
 )
 from .stall import Watch, cutter
 from .transfer import Transfer
@@ -221,8 +220,7 @@ class S3Storage(Storage):
                     if found and info.key <= found[-1].key:
                         raise StorageError(f"{self.url}{prefix}: the listing went backwards")
                     found.append(info)
-                if len(found) > MAX_LISTED:
-                    raise too_many_listed(self.url, prefix, MAX_LISTED)
+                check_listed(self.url, prefix, len(found))
         except _transport_errors() as exc:
             raise self._fail(prefix, exc) from exc
         return found
