@@ -1,7 +1,7 @@
 """Distributed publish benchmark: one step published by 1 and by 2 ranks, and a paper model.
 
-    python bench/distributed.py                      # 128 M bf16 elements (256 MB), 2% step
-    python bench/distributed.py --elements 64000000 --steps 3
+    python bench/distributed.py                      # 1 G bf16 elements (2 GB), 2% step, ~4 min
+    python bench/distributed.py --elements 128000000 --steps 3   # a quick look
 
 Measured: a synthetic bf16 model (Llama-like tensor shapes, ``--elements`` in all,
 words from a seeded generator) is split into shares by ``assign_by_bytes``; each rank
@@ -16,7 +16,8 @@ commit, and bringing the previous copy forward.  Runs: 1 rank (1 thread), 2 rank
 (encode, upload, commit, advance) to give per-core rates and its CPU time per step
 (``time.process_time``: on a loaded machine the wall time of 2 ranks also measures how much
 of the 2 cores the other work left them), and reports the growth of
-its peak RSS from before version 0 to the last step, divided by its share's bytes (the
+its peak RSS from before version 0 (the peak reset once the share is built) to the
+last step, divided by its share's bytes (the
 previous copy plus scratch; the share itself is the trainer's memory).
 
 Paper model: a 1T-parameter fp8 step (1024 GiB of weights, 20 GiB of delta) over R
@@ -78,7 +79,17 @@ def step(share: dict[str, np.ndarray[Any, Any]], k: int, density: float) -> None
 
 
 def rss() -> int:
+    """Peak RSS of this process in bytes."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_now() -> int:
+    """Current RSS in bytes, after resetting the peak (Linux's clear_refs 5), so that the
+    transients of building the share do not hide what publishing adds."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -99,7 +110,7 @@ def rank_main(args: argparse.Namespace) -> None:
     c = chain.Chain(chain.open_storage(args.store), cache=Path(args.store + "-cache"))
     pub = distributed.DistributedPublisher(c, options=chain.AppendOptions(threads=args.threads))
     phases = _instrument(pub)
-    before, times, cpu = rss(), [], []  # the share is the trainer's; publishing's RAM counts
+    before, times, cpu = rss_now(), [], []  # the share is the trainer's; publishing's counts
     pub.publish(share, step=0)
     for k in range(1, args.steps + 1):
         step(words, k, args.density)
@@ -224,9 +235,11 @@ def markdown(runs: list[dict[str, Any]], model: list[dict[str, Any]], meta: dict
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--elements", type=int, default=128_000_000)
+    # 1 G elements: 1 GB shares on 2 ranks, where a rank's fixed costs (a step's exchange,
+    # 50-100 MB of scratch) no longer dominate, as they would not at 1T scale.
+    p.add_argument("--elements", type=int, default=1_024_000_000)
     p.add_argument("--density", type=float, default=0.02)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2)
     p.add_argument("--cores-per-rank", type=int, default=4)
     p.add_argument("--latency", type=float, default=0.03, help="seconds per storage request")
     p.add_argument("--json", type=Path, default=None)

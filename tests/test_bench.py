@@ -170,3 +170,23 @@ def test_manytensors_on_a_tiny_case(tmp_path: Path) -> None:
     with wdelta.open_delta(tmp_path / "base-60.wdelta") as d:
         changed = sum(c.changed for t in d.header.tensors for c in t.chunks)
     assert 0.01 < changed / (60 * 32 * 64) < 0.03
+
+
+def test_distributed_bench_on_a_tiny_model(tmp_path: Path) -> None:
+    """bench/distributed.py end to end (1 and 2 gloo ranks, the paper model) at a size a
+    test can afford: it measures, so only its shape and sanity are checked."""
+    pytest.importorskip("torch")
+    out = tmp_path / "d.json"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "distributed.py"), "--elements", "2000000",
+         "--steps", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "Speed-up of 2 ranks over 1 rank" in run.stdout
+    result = json.loads(out.read_text())
+    runs = {r["run"]: r for r in result["runs"]}
+    assert set(runs) == {"1 rank, 1 thread", "2 ranks, 1 thread each", "1 rank, 2 threads"}
+    assert runs["2 ranks, 1 thread each"]["parts"] == 2 and runs["1 rank, 1 thread"]["parts"] == 1
+    assert all(r["ram_ratio"] >= 0 and r["best"] > 0 for r in runs.values())
+    assert {row["ranks"] for row in result["paper"]} == {64, 256, 1024}
