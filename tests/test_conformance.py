@@ -130,6 +130,10 @@ REFERENCE_CLI = Templates({
     "manifest-trust": f"{PYTHON} -m wdelta chain check -q {{manifest}} --store {{store}} "
                       "--trust {trust}",
     "manifest-seen": f"{PYTHON} -m wdelta chain check -q {{manifest}} --after {{seen}}",
+    "manifest-state": f"{PYTHON} -m wdelta chain check -q {{manifest}} --store {{store}} "
+                      "--state {state}",
+    "manifest-trust-state": f"{PYTHON} -m wdelta chain check -q {{manifest}} --store {{store}} "
+                            "--trust {trust} --state {state}",
 })  # fmt: skip
 SAMPLE = ["*/valid/host", "*/valid/layout/sharded", "*/invalid/bitmap-trailing-bit",
           "decoder/base-mismatch/missing-tensor", "reverse/not-reversible/full-chunks",
