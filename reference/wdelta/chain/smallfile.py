@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import StorageError, WdeltaError
@@ -109,3 +109,21 @@ def kept_partial(part: Path, size: int) -> int:
 def append_partial(path: str, flags: int) -> int:
     # Never through a symlink, never waiting on a FIFO put there meanwhile.
     return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+
+
+def append_blocks(
+    part: Path, blocks: Iterable[bytes], progress: Callable[[int], None] | None
+) -> None:
+    """Append ``blocks`` to the partial download ``part`` (opened as :func:`append_partial`
+    does), then fsync it; ``progress`` counts each block's bytes. An OSError is a
+    StorageError naming ``part``."""
+    try:
+        with open(part, "ab", opener=append_partial) as f:
+            for block in blocks:
+                f.write(block)
+                if progress is not None:
+                    progress(len(block))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise StorageError(f"cannot write {part}: {exc}") from exc

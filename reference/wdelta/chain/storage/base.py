@@ -16,7 +16,6 @@ symlink) costs at most one byte past it before the answer is refused.
 from __future__ import annotations
 
 import abc
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from ...errors import (
     StorageError,
     UnsupportedFeatureError,
 )
-from ..smallfile import append_partial, kept_partial
+from ..smallfile import append_blocks, kept_partial
 from .transfer import Transfer
 
 Progress = Callable[[int], None]
@@ -157,19 +156,17 @@ def download(
     have = kept_partial(part, size)
     if have == size:
         return
+
+    def within_size() -> Iterator[bytes]:
+        nonlocal have
+        for block in storage.stream(key, have):
+            have += len(block)
+            if have > size:
+                return  # endless data: never store more than the manifest's size
+            yield block
+
     try:
-        with open(part, "ab", opener=append_partial) as f:
-            for block in storage.stream(key, have):
-                have += len(block)
-                if have > size:
-                    break  # endless data: never store more than the manifest's size
-                f.write(block)
-                if progress is not None:
-                    progress(len(block))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as exc:
-        raise StorageError(f"cannot write {part}: {exc}") from exc
+        append_blocks(part, within_size(), progress)
     finally:
         if have == 0:  # nothing to resume from (the first read failed): keep no file
             part.unlink(missing_ok=True)

@@ -16,7 +16,6 @@ interrupted download resumes from its length with either method, and at most
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING
 from ...errors import BadArgumentError, ChecksumMismatchError, StorageError
 from ...ops.pipeline import ordered_map
 from ..backoff import Backoff
-from ..smallfile import append_partial, kept_partial
+from ..smallfile import append_blocks, kept_partial
 
 if TYPE_CHECKING:
     from .base import Progress, Storage
@@ -89,16 +88,7 @@ def download_ranges(
     ``progress`` counts bytes transferred now.  The caller verifies the digest.
     """
     have = kept_partial(part, size)
-    try:
-        with open(part, "ab", opener=append_partial) as f:
-            for data in read_blocks(storage, key, have, size, transfer):
-                f.write(data)
-                if progress is not None:
-                    progress(len(data))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as exc:
-        raise StorageError(f"cannot write {part}: {exc}") from exc
+    append_blocks(part, read_blocks(storage, key, have, size, transfer), progress)
     if part.stat().st_size != size:  # read_range returns exactly the bytes asked for (ST-3)
         part.unlink()
         raise ChecksumMismatchError(f"{key}: the download is not the {size} bytes listed")
