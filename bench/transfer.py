@@ -27,14 +27,10 @@ Flags:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import logging
 import os
-import socket
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,50 +39,12 @@ from typing import Any
 import blake3
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reference"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from chainkit import Proxy, S3Server  # the tests' loopback S3 server and capped proxy
 from wdelta.chain.storage.base import download
 from wdelta.chain.storage.s3 import S3Storage
 from wdelta.chain.storage.transfer import Transfer, download_ranges
-
-BLOCK = 16 << 10
-
-
-class CappedProxy:
-    """A loopback TCP proxy: every connection's bytes (both ways) at most ``rate`` B/s."""
-
-    def __init__(self, upstream: int, rate: float) -> None:
-        self.upstream, self.rate = upstream, rate
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.upstream))
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        start, moved = time.monotonic(), 0
-        try:
-            while block := src.recv(BLOCK):
-                dst.sendall(block)
-                moved += len(block)
-                ahead = moved / self.rate - (time.monotonic() - start)
-                if ahead > 0:
-                    time.sleep(ahead)
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
 
 
 def client(endpoint: str) -> Any:
@@ -115,15 +73,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    proxy = CappedProxy(port, args.mbps * 1e6)
+    server = S3Server()
+    proxy = Proxy(server.port, rate=args.mbps * 1e6)
     size, chunk = args.mib << 20, args.chunk << 20
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "object"
@@ -146,6 +97,7 @@ def main() -> None:
             st.transfer = t
             put = functools.partial(st.put_file, "up", src)
             rows.append(("upload", label, best(put, args.repeat)))
+    proxy.close()
     server.stop()
     print(f"### Large-object transfer: {args.mib} MiB over S3 (moto, loopback), "
           f"{args.mbps:g} MB/s per connection, {args.chunk} MiB ranges/parts\n")  # fmt: skip

@@ -96,16 +96,21 @@ class S3Server:
 
 class Proxy:
     """A loopback TCP proxy to ``port``; ``cut_after`` closes every connection once
-    that many response bytes went through it, ``delay`` slows each 16 KiB block."""
+    that many response bytes went through it, ``delay`` slows each 16 KiB block of a
+    response, ``rate`` caps each connection at that many bytes per second each way."""
 
-    def __init__(self, port: int, cut_after: int | None = None, delay: float = 0.0) -> None:
+    def __init__(
+        self, port: int, cut_after: int | None = None, delay: float = 0.0,
+        rate: float | None = None,
+    ) -> None:  # fmt: skip
         self.upstream = port
         self.cut_after = cut_after
         self.delay = delay
+        self.rate = rate
         self.sent = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
+        self.sock.listen(64)
         self.port = int(self.sock.getsockname()[1])
         self.endpoint = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -121,6 +126,7 @@ class Proxy:
             threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, response: bool) -> None:
+        start, moved = time.monotonic(), 0
         try:
             while block := src.recv(16384):
                 if response and self.cut_after is not None and self.sent >= self.cut_after:
@@ -129,6 +135,9 @@ class Proxy:
                     self.sent += len(block)
                     time.sleep(self.delay)
                 dst.sendall(block)
+                moved += len(block)
+                if self.rate is not None:  # sleep off what this connection is ahead by
+                    time.sleep(max(0.0, moved / self.rate - (time.monotonic() - start)))
         except OSError:
             pass
         for s in (src, dst):
