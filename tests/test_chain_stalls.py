@@ -1,17 +1,19 @@
 """A hostile store that would hang a node rather than feed it bad bytes (SPEC §15): answers
-that trickle, listings without end or in a loop. Each is cut off with an error naming the
-store, and a node keeps its checkpoint."""
+that trickle (in every phase: headers, bodies, listing pages, error bodies), listings without
+end or in a loop. Each is cut off with an error naming the store, and a node keeps its
+checkpoint."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chainkit import Proxy, S3Server
+from chainkit import HostileS3, Proxy, S3Server, http_answer, trickle
 from signkit import signed_chain
 from wdelta import chain
 from wdelta.chain.manifest import MANIFEST_PREFIX
@@ -20,7 +22,6 @@ from wdelta.chain.storage import s3 as s3_backend
 from wdelta.errors import WdeltaError
 
 SIZE = 2 << 20  # bytes of the object a trickling store serves
-
 
 
 @pytest.fixture
@@ -124,3 +125,109 @@ def test_a_local_store_flooded_with_objects_is_refused_and_the_node_kept(
     assert s.node.read_bytes() == before
     monkeypatch.undo()
     assert chain.pull(s.node_chain(), s.node).version.number == 2
+
+
+@pytest.fixture
+def hostile(s3: S3Server) -> Iterator[HostileS3]:
+    store = HostileS3(s3.port)
+    yield store
+    store.close()
+
+
+def _through(s3: S3Server, hostile: HostileS3) -> s3_backend.S3Storage:
+    """A bucket with ``obj`` and one manifest revision, read through ``hostile``."""
+    bucket = s3.new_bucket()
+    honest = s3_backend.S3Storage(bucket, "m", client=s3.client())
+    honest.create("obj", b"hello")
+    honest.create(f"{MANIFEST_PREFIX}rev-1", b"{}")
+    return s3_backend.S3Storage(bucket, "m", client=s3.client(hostile.endpoint))
+
+
+_HEADERS = b"HTTP/1.1 200 OK\r\n" + b"x-amz-meta-a: b\r\n" * 200  # a byte every 0.05 s: 25 s
+
+
+def _trickled(phase: str, method: str, target: str) -> Iterable[bytes] | None:
+    """An answer trickled in ``phase``, to the request of that phase (None: honest)."""
+    listing = "list-type" in target
+    if phase == "HEAD headers" and method == "HEAD":
+        return trickle(_HEADERS, 0.05)
+    if phase == "GET headers" and method == "GET" and not listing:
+        return trickle(_HEADERS, 0.05)
+    if phase == "listing page" and listing:
+        head = http_answer(200, {"Content-Length": "100000"})
+        return itertools.chain([head], trickle(b"<ListBucketResult>" + b" " * 1000, 0.05))
+    if phase == "error body" and method == "GET" and not listing:
+        head = http_answer(500, {"Content-Length": "100000"})
+        return itertools.chain([head], trickle(b"<Error>" + b" " * 1000, 0.05))
+    return None
+
+
+@pytest.mark.parametrize("phase", ["HEAD headers", "GET headers", "listing page", "error body"])
+def test_every_phase_of_an_answer_is_cut_off(
+    s3: S3Server, hostile: HostileS3, impatient: None, phase: str
+) -> None:
+    st = _through(s3, hostile)
+    hostile.play = lambda method, target: _trickled(phase, method, target)
+    calls: dict[str, Any] = {
+        "HEAD headers": lambda: st.stat("obj"),
+        "GET headers": lambda: st.read("obj", 100),
+        "listing page": lambda: st.list(MANIFEST_PREFIX),
+        "error body": lambda: st.read_range("obj", 0, 5),
+    }
+    start = time.monotonic()
+    with pytest.raises(WdeltaError) as info:
+        calls[phase]()
+    assert time.monotonic() - start < 5  # the trickle would last 25 s; the budget is 0.5 s
+    assert info.value.category == "io-error", info.value
+    assert "stalled" in str(info.value) and "s3://" in str(info.value)
+    assert ("manifests/" if phase == "listing page" else "obj") in str(info.value)
+
+
+def _empty_pages(counter: list[int]) -> Iterable[bytes]:
+    """An empty listing page that says more follow, under a continuation token never seen."""
+    counter[0] += 1
+    page = (
+        "<ListBucketResult><Name>b</Name><Prefix>m/manifests/</Prefix><KeyCount>0</KeyCount>"
+        "<MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>"
+        f"<NextContinuationToken>t{counter[0]}</NextContinuationToken></ListBucketResult>"
+    )
+    return [http_answer(200, {}, page.encode())]
+
+
+@pytest.mark.parametrize("cap", ["pages", "seconds"])
+def test_a_listing_of_empty_pages_without_end_is_refused(
+    s3: S3Server, hostile: HostileS3, monkeypatch: pytest.MonkeyPatch, cap: str
+) -> None:
+    st = _through(s3, hostile)
+    if cap == "pages":
+        monkeypatch.setattr(s3_backend, "MAX_PAGES", 30)
+    else:
+        monkeypatch.setattr(s3_backend, "LIST_SECONDS", 0.5)
+    served = [0]
+    hostile.play = lambda method, target: _empty_pages(served) if "list-type" in target else None
+    with pytest.raises(WdeltaError) as info:
+        st.list(MANIFEST_PREFIX)
+    assert info.value.category == "limit-exceeded", info.value
+    assert "pages without end" in str(info.value) and "/m/manifests/" in str(info.value)
+    assert served[0] == 30 if cap == "pages" else served[0] < 2000
+
+
+def test_a_node_keeps_its_version_past_an_endless_listing(
+    tmp_path: Path, s3: S3Server, hostile: HostileS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = signed_chain(tmp_path)
+    s.publish()
+    bucket = s3.new_bucket()
+    honest = s3_backend.S3Storage(bucket, "m", client=s3.client())
+    for path in sorted(p for p in s.store.rglob("*") if p.is_file()):
+        honest.put_file(str(path.relative_to(s.store)), path)
+    st = s3_backend.S3Storage(bucket, "m", client=s3.client(hostile.endpoint))
+    monkeypatch.setattr(s3_backend, "MAX_PAGES", 20)
+    served = [0]
+    hostile.play = lambda method, target: _empty_pages(served) if "list-type" in target else None
+    before = s.node.read_bytes()
+    with pytest.raises(WdeltaError) as info:
+        chain.pull(chain.Chain(st, tmp_path / "mc", trust=s.root), s.node)
+    assert info.value.category == "limit-exceeded" and s.node.read_bytes() == before
+    hostile.play = lambda method, target: None
+    assert chain.pull(chain.Chain(st, tmp_path / "mc", trust=s.root), s.node).version.number == 2
