@@ -36,6 +36,22 @@ MAX_BODY = 8 << 20  # a listing page of 1,000 keys of 1 KiB each is under 2 MiB
 MAX_ERROR_BODY = 64 << 10  # an S3 error is a few hundred bytes of XML
 _BLOCK = 64 << 10
 
+# The audit of every call S3Storage makes on its client (a test keeps this list and the
+# calls in s3.py the same): how the answers' time and size are bounded, and where a failed
+# or malformed answer becomes io-error naming the object.
+AUDITED_CALLS: dict[str, str] = {
+    "head_object": "headers under the budget; ContentLength must be a count of bytes; "
+    "botocore's parse errors (a bad date, a non-integer header) -> io-error (stat)",
+    "get_object": "headers and an error body (at most MAX_ERROR_BODY) under the budget; the "
+    "object's body is read by the caller under a Watch, at most the bytes asked for plus one",
+    "put_object": "answer (at most MAX_BODY) under the budget, which the request body extends",
+    "upload_file": "boto3's transfer manager sends every request (PutObject, the multipart "
+    "ones) through this client, each under its own budget and MAX_BODY",
+    "get_paginator": "list_objects_v2: each page (at most MAX_BODY) under the budget; "
+    "s3.MAX_PAGES pages and s3.LIST_SECONDS in all; each entry's key and size checked",
+    "delete_object": "answer (at most MAX_BODY) under the budget",
+}
+
 _current = threading.local()  # .slot: the _Slot of the request this thread is sending
 
 
