@@ -5,7 +5,10 @@ checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -231,3 +234,48 @@ def test_a_node_keeps_its_version_past_an_endless_listing(
     assert info.value.category == "limit-exceeded" and s.node.read_bytes() == before
     hostile.play = lambda method, target: None
     assert chain.pull(chain.Chain(st, tmp_path / "mc", trust=s.root), s.node).version.number == 2
+
+
+class _TlsTrickler:
+    """A loopback server that answers a TLS handshake with the header of a 16 KiB record
+    whose bytes then come one every 0.05 s (for at most 8 s)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.endpoint = f"https://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.recv(4096)  # the ClientHello
+                for chunk in itertools.chain([b"\x16\x03\x03\x40\x00"], trickle(bytes(160), 0.05)):
+                    conn.sendall(chunk)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_trickled_tls_handshake_is_cut_off(impatient: None) -> None:
+    import boto3
+    from botocore.config import Config
+
+    server = _TlsTrickler()
+    client = boto3.client(
+        "s3", endpoint_url=server.endpoint, region_name="us-east-1", verify=False,
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=10),
+    )  # fmt: skip
+    st = s3_backend.S3Storage("b", "m", client=client)
+    start = time.monotonic()
+    try:
+        with pytest.raises(WdeltaError) as info:
+            st.stat("obj")
+    finally:
+        server.close()
+    assert time.monotonic() - start < 4  # the handshake would trickle for 8 s
+    assert info.value.category == "io-error" and "stalled" in str(info.value)
+    assert str(info.value).startswith("s3://b/m/obj")

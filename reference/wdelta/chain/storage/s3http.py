@@ -56,24 +56,41 @@ _current = threading.local()  # .slot: the _Slot of the request this thread is s
 
 
 class _Slot:
-    """The connection one request uses, once the pool has picked it, and its answer once
-    the headers are in (the connection may have handed its socket to the answer)."""
+    """How to cut one request: its new connection's socket (a duplicate, which reaches the
+    TCP connection even while TLS holds it during the handshake), else the pooled
+    connection it reuses, and its answer once the headers are in (a connection that will
+    close hands its socket to the answer)."""
 
     def __init__(self) -> None:
         self.connection: Any = None
+        self.socket: socket.socket | None = None
         self.answer: Any = None
 
     def cut(self) -> None:
         with contextlib.suppress(OSError, ValueError):  # already closed, or shut down
-            if self.answer is not None:
+            if self.socket is not None:
+                self.socket.shutdown(socket.SHUT_RDWR)
+            elif self.answer is not None:
                 cutter(self.answer)()
             elif (sock := getattr(self.connection, "sock", None)) is not None:
                 sock.shutdown(socket.SHUT_RDWR)
 
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close()  # the duplicate only: the connection keeps its own
+
 
 class _Tracked:
-    """A connection that names itself to the request its thread is sending (mixed into
-    botocore's connection classes, before them)."""
+    """A connection that names itself, and the socket it opens, to the request its thread
+    is sending (mixed into botocore's connection classes, before them). An HTTPS pool
+    connects before it sends, an HTTP connection while it sends: both are covered."""
+
+    def _new_conn(self) -> socket.socket:
+        sock: socket.socket = super()._new_conn()  # type: ignore[misc]
+        slot = getattr(_current, "slot", None)
+        if slot is not None and slot.socket is None:
+            slot.socket = sock.dup()
+        return sock
 
     def request(self, *args: Any, **kwargs: Any) -> Any:
         slot = getattr(_current, "slot", None)
@@ -135,10 +152,16 @@ class _BoundedSender:
         self.session = session
 
     def __call__(self, request: Any, **kwargs: Any) -> Any:
+        slot = _Slot()
+        try:
+            return self._send(request, slot)
+        finally:
+            slot.close()
+
+    def _send(self, request: Any, slot: _Slot) -> Any:
         from botocore.awsrequest import AWSResponse  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
         what = f"{request.method} {request.url}"
-        slot = _Slot()
         with Watch(what, slot.cut) as watch:
             # The request body is ours; its bytes earn time like received ones (an upload
             # part on a slow uplink is not a stalled answer).
