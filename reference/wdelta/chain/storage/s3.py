@@ -11,7 +11,9 @@ bytes is a multipart upload of ``transfer.chunk``-byte parts,
 standard retry mode; the object appears under its key only when the upload
 completes, and a failed upload is aborted (no object, no parts left).
 Create-only writes are needed only for small objects (manifests,
-signatures, trust roots) and stay single ``PutObject`` requests.  Credentials
+signatures, trust roots) and stay single ``PutObject`` requests.  Every
+request is sent bounded in time and bytes (``s3http``), and every answer that
+fails or does not parse is ``io-error`` naming the object (SPEC §15).  Credentials
 and the endpoint come from the usual AWS environment (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ...) unless a client is passed in.
 """
