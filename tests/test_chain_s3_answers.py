@@ -95,6 +95,19 @@ def test_a_malformed_answer_is_an_io_error_naming_the_object(
     assert str(info.value).startswith(named), info.value
 
 
+@pytest.mark.parametrize("write", ["put_file", "create"])
+def test_a_refused_write_is_an_io_error_naming_the_object(
+    tmp_path: Path, s3: S3Server, hostile: HostileS3, write: str
+) -> None:
+    st = _through(s3, hostile)
+    refusal = http_answer(403, {}, b"<Error><Code>AccessDenied</Code></Error>")
+    hostile.play = lambda method, target: [refusal] if method == "PUT" else None
+    (tmp_path / "f").write_bytes(b"data")
+    with pytest.raises(WdeltaError) as info:
+        st.put_file("new", tmp_path / "f") if write == "put_file" else st.create("new", b"data")
+    assert info.value.category == "io-error" and str(info.value).startswith(f"{st.url}new")
+
+
 def test_an_error_body_that_stalls_past_the_socket_timeout_is_an_io_error(
     s3: S3Server, hostile: HostileS3
 ) -> None:

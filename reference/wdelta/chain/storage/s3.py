@@ -62,16 +62,19 @@ def _client_error() -> type[Exception]:
 
 
 def _transport_errors() -> tuple[type[Exception], ...]:
-    """What an answer that failed or is malformed raises: botocore's errors, urllib3's (a
-    body read that timed out), and those of parsing what the store sent (a header that is
-    not a number, a date that is not a date, a listing entry with no key)."""
+    """What an answer that failed or is malformed raises: botocore's errors, boto3's (an
+    upload the store refused), urllib3's (a body read that timed out), and those of parsing
+    what the store sent (a header that is not a number, a date that is not a date, a
+    listing entry with no key)."""
+    from boto3.exceptions import Boto3Error  # type: ignore[import-untyped, import-not-found, unused-ignore]
     from botocore.exceptions import (  # type: ignore[import-untyped, import-not-found, unused-ignore]
         BotoCoreError,
         ClientError,
     )
     from urllib3.exceptions import HTTPError
 
-    return (BotoCoreError, ClientError, HTTPError, OSError, ValueError, TypeError, LookupError)
+    failed = (Boto3Error, BotoCoreError, ClientError, HTTPError, OSError)
+    return (*failed, ValueError, TypeError, LookupError)
 
 
 def _request_errors() -> tuple[type[Exception], ...]:
