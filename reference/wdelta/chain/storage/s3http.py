@@ -37,8 +37,10 @@ MAX_ERROR_BODY = 64 << 10  # an S3 error is a few hundred bytes of XML
 _BLOCK = 64 << 10
 
 # The audit of every call S3Storage makes on its client (a test keeps this list and the
-# calls in s3.py the same): how the answers' time and size are bounded, and where a failed
-# or malformed answer becomes io-error naming the object.
+# calls in s3.py the same): how the answers' time and size are bounded. Every call in s3.py
+# turns what a failed or malformed answer raises into io-error naming the object
+# (s3._transport_errors). transfer.py makes no call of its own: it reads through
+# Storage.read_range, which is get_object's.
 AUDITED_CALLS: dict[str, str] = {
     "head_object": "headers under the budget; ContentLength must be a count of bytes; "
     "botocore's parse errors (a bad date, a non-integer header) -> io-error (stat)",
