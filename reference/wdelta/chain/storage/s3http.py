@@ -186,7 +186,9 @@ def bound(client: Any) -> None:
     """Send every request of the boto3 S3 ``client`` bounded in time and bytes (above).
 
     A client without botocore's event system and endpoint (a test double that answers
-    in-process) sends nothing over a network and is left as it is.
+    in-process) sends nothing over a network and is left as it is. A botocore client whose
+    requests another ``before-send`` handler answers in-process (moto's ``mock_aws``) is
+    not such a double: this handler still sends them, so give it a client of a server.
     """
     events = getattr(getattr(client, "meta", None), "events", None)
     session = getattr(getattr(client, "_endpoint", None), "http_session", None)
