@@ -212,6 +212,7 @@ def test_a_listing_of_empty_pages_without_end_is_refused(
         st.list(MANIFEST_PREFIX)
     assert info.value.category == "limit-exceeded", info.value
     assert "pages without end" in str(info.value) and "/m/manifests/" in str(info.value)
+    assert ("past 30 pages" if cap == "pages" else "past 0.5 s") in str(info.value)
     assert served[0] == 30 if cap == "pages" else served[0] < 2000
 
 

@@ -251,9 +251,10 @@ class S3Storage(Storage):
                 found.append(info)
             check_listed(self.url, prefix, len(found))
             if number >= MAX_PAGES or time.monotonic() > deadline:
+                limit = f"{MAX_PAGES:,} pages" if number >= MAX_PAGES else f"{LIST_SECONDS:g} s"
                 raise LimitExceededError(
-                    f"{self.url}{prefix}: the listing goes on past {number:,} pages or "
-                    f"{LIST_SECONDS:.0f} s (a store that pages without end); refused"
+                    f"{self.url}{prefix}: the listing goes on past {limit} ({number:,} pages, "
+                    f"{len(found):,} objects: a store that pages without end); refused"
                 )
         return found
 
