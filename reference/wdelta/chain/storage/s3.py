@@ -15,7 +15,8 @@ signatures, trust roots) and stay single ``PutObject`` requests.  Every
 request is sent bounded in time and bytes (``s3http``), and every answer that
 fails or does not parse is ``io-error`` naming the object (SPEC §15).  Credentials
 and the endpoint come from the usual AWS environment (``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``, ...) unless a client is passed in.
+``AWS_ACCESS_KEY_ID``, ...) unless a client is passed in; a client passed in is
+bounded the same way, for all its users.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from typing import Any
 from ...errors import StorageError, UnsupportedFeatureError
 from .stall import Watch, cutter
 
-MAX_BODY = 8 << 20  # a listing page of 1,000 keys of 1 KiB each is under 2 MiB
+MAX_BODY = 8 << 20  # a listing page of 1,000 keys of 1 KiB, URL-encoded, is under 4 MiB
 MAX_ERROR_BODY = 64 << 10  # an S3 error is a few hundred bytes of XML
 _BLOCK = 64 << 10
 
