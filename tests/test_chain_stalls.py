@@ -70,6 +70,23 @@ def test_an_answer_at_a_fair_rate_is_not_cut(s3: S3Server, impatient: None) -> N
         proxy.close()
 
 
+def test_an_upload_at_a_fair_rate_is_not_cut(
+    s3: S3Server, impatient: None, tmp_path: Path
+) -> None:
+    # 2 MiB at 2 MiB/s takes 1 s, past the 0.5 s grace: the bytes sent earn their time.
+    bucket = s3.new_bucket()
+    proxy = Proxy(s3.port, rate=2 << 20)
+    (tmp_path / "f").write_bytes(bytes(SIZE))
+    try:
+        st = s3_backend.S3Storage(bucket, "m", client=s3.client(proxy.endpoint))
+        st.put_file("obj", tmp_path / "f")
+    finally:
+        proxy.close()
+    assert s3_backend.S3Storage(bucket, "m", client=s3.client()).stat("obj") == base.ObjectInfo(
+        "obj", SIZE
+    )
+
+
 def test_the_watchdog_budget_grows_with_the_bytes_received() -> None:
     w = stall.Watch("x", lambda: None)
     w.grace, w.rate = 10.0, 1000
