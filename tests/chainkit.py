@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ class S3Server:
         self.server.start()
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
-    def client(self, endpoint: str | None = None) -> Any:
+    def client(self, endpoint: str | None = None, read_timeout: float = 10) -> Any:
         import boto3
         from botocore.config import Config
 
@@ -82,7 +82,7 @@ class S3Server:
             "s3", endpoint_url=endpoint or self.endpoint, region_name="us-east-1",
             aws_access_key_id="testing", aws_secret_access_key="testing",
             config=Config(retries={"max_attempts": 1, "mode": "standard"},
-                          connect_timeout=5, read_timeout=10),
+                          connect_timeout=5, read_timeout=read_timeout),
         )  # fmt: skip
 
     def new_bucket(self) -> str:
@@ -149,6 +149,89 @@ class Proxy:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+def http_answer(status: int, headers: dict[str, str], body: bytes = b"") -> bytes:
+    """The bytes of an HTTP/1.1 answer (``Content-Length`` added unless in ``headers``)."""
+    head = {"Content-Length": str(len(body)), **headers, "Connection": "close"}
+    lines = [f"HTTP/1.1 {status} X"] + [f"{k}: {v}" for k, v in head.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def trickle(data: bytes, every: float) -> Iterator[bytes]:
+    """``data`` one byte at a time, ``every`` seconds apart."""
+    for i in range(len(data)):
+        time.sleep(every)
+        yield data[i : i + 1]
+
+
+class HostileS3:
+    """A loopback HTTP server playing an S3 store in front of moto (``upstream``): each
+    request is forwarded and its answer relayed, unless ``play(method, target)`` returns
+    the chunks of an answer of its own. Every connection carries one request and lasts at
+    most ``seconds``; ``sent`` counts the bytes of the crafted answers that went out."""
+
+    def __init__(self, upstream: int, seconds: float = 8.0) -> None:
+        self.upstream, self.seconds, self.sent = upstream, seconds, 0
+        self.play: Callable[[str, str], Iterable[bytes] | None] = lambda method, target: None
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(self.seconds)
+        end = time.monotonic() + self.seconds
+        try:
+            with conn, conn.makefile("rb") as rfile:
+                method, target, _ = rfile.readline().decode().split(" ", 2)
+                headers = dict(_header(line) for line in iter(rfile.readline, b"\r\n"))
+                if headers.get("expect", "").lower() == "100-continue":
+                    conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                body = rfile.read(int(headers.get("content-length", 0)))
+                crafted = self.play(method, target)
+                if crafted is None:
+                    conn.sendall(self._forward(method, target, headers, body))
+                    return
+                for chunk in crafted:
+                    if time.monotonic() > end:
+                        return
+                    conn.sendall(chunk)
+                    self.sent += len(chunk)
+        except OSError:
+            pass  # the client cut the answer off (or the connection outlived ``seconds``)
+
+    def _forward(self, method: str, target: str, headers: dict[str, str], body: bytes) -> bytes:
+        import http.client
+
+        up = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=self.seconds)
+        skip = {"expect", "connection", "content-length"}
+        up.request(method, target, body, {k: v for k, v in headers.items() if k not in skip})
+        r = up.getresponse()
+        data = r.read()
+        up.close()
+        drop = {"connection", "transfer-encoding"} | ({"content-length"} if data else set())
+        kept = {k: v for k, v in r.getheaders() if k.lower() not in drop}
+        return http_answer(r.status, kept, data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+def _header(line: bytes) -> tuple[str, str]:
+    name, _, value = line.decode("latin-1").partition(":")
+    return name.strip().lower(), value.strip()
 
 
 class Wrapped(Storage):

@@ -11,18 +11,22 @@ bytes is a multipart upload of ``transfer.chunk``-byte parts,
 standard retry mode; the object appears under its key only when the upload
 completes, and a failed upload is aborted (no object, no parts left).
 Create-only writes are needed only for small objects (manifests,
-signatures, trust roots) and stay single ``PutObject`` requests.  Credentials
+signatures, trust roots) and stay single ``PutObject`` requests.  Every
+request is sent bounded in time and bytes (``s3http``), and every answer that
+fails or does not parse is ``io-error`` naming the object (SPEC §15).  Credentials
 and the endpoint come from the usual AWS environment (``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``, ...) unless a client is passed in.
+``AWS_ACCESS_KEY_ID``, ...) unless a client is passed in; a client passed in is
+bounded the same way, for all its users.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...errors import BadArgumentError, StorageError, TruncatedError
+from ...errors import BadArgumentError, LimitExceededError, StorageError, TruncatedError
 from ..errors import NotFoundError
 from .base import (
     STREAM_BLOCK,
@@ -35,11 +39,17 @@ from .base import (
     missing_package,
     too_large,
 )
+from .s3http import bound
 from .stall import Watch, cutter
 from .transfer import Transfer
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _UNSATISFIABLE = {"416", "InvalidRange"}
+# A listing page is one request, bounded by s3http; a store that pages without end (empty
+# pages, each with a new continuation token) is stopped by counting pages and by the clock,
+# not only by the objects listed (base.MAX_LISTED, which needs 1,000 pages of 1,000 keys).
+MAX_PAGES = 5_000
+LIST_SECONDS = 300.0
 # S3 answers 409 when two conditional writes of one key overlap; the loser
 # may retry and then sees 412.
 _CREATE_ATTEMPTS = 5
@@ -53,12 +63,32 @@ def _client_error() -> type[Exception]:
 
 
 def _transport_errors() -> tuple[type[Exception], ...]:
+    """What an answer that failed or is malformed raises: botocore's errors, boto3's (an
+    upload the store refused), urllib3's (a body read that timed out), and those of parsing
+    what the store sent (a header that is not a number, a date that is not a date, a
+    listing entry with no key)."""
+    from boto3.exceptions import Boto3Error  # type: ignore[import-untyped, import-not-found, unused-ignore]
     from botocore.exceptions import (  # type: ignore[import-untyped, import-not-found, unused-ignore]
         BotoCoreError,
         ClientError,
     )
+    from urllib3.exceptions import HTTPError
 
-    return (BotoCoreError, ClientError, OSError)
+    failed = (Boto3Error, BotoCoreError, ClientError, HTTPError, OSError)
+    return (*failed, ValueError, TypeError, LookupError)
+
+
+def _request_errors() -> tuple[type[Exception], ...]:
+    """What a request raises: an answer's errors, and an answer refused by ``s3http``
+    (late, or too long), which names the request but not the store's URL."""
+    return (*_transport_errors(), StorageError)
+
+
+def _size(value: object) -> int:
+    """A size the store stated (a header, a listing entry), refused unless a count of bytes."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"a size of {value!r}")
+    return value
 
 
 def _code(exc: Exception) -> str:
@@ -96,6 +126,7 @@ class S3Storage(Storage):
                 read_timeout=30,
             )
             client = boto3.client("s3", endpoint_url=endpoint_url, config=config)
+        bound(client)
         self.client = client
 
     def _key(self, key: str) -> str:
@@ -104,23 +135,25 @@ class S3Storage(Storage):
     def _fail(self, key: str, exc: Exception) -> StorageError | NotFoundError:
         if _code(exc) in _NOT_FOUND:
             return NotFoundError(f"{self.url}: no object {key}")
+        if isinstance(exc, (ValueError, TypeError, LookupError)):
+            return StorageError(f"{self.url}{key}: the store's answer is malformed ({exc!r})")
         return StorageError(f"{self.url}{key}: {exc}")
 
     def stat(self, key: str) -> ObjectInfo | None:
         try:
             head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except _transport_errors() as exc:
+            return ObjectInfo(key, _size(head["ContentLength"]))
+        except _request_errors() as exc:
             err = self._fail(key, exc)
             if isinstance(err, NotFoundError):
                 return None
             raise err from exc
-        return ObjectInfo(key, int(head["ContentLength"]))
 
     def _get(self, key: str, byte_range: str | None) -> Any:
         kwargs = {"Range": byte_range} if byte_range else {}
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key), **kwargs)["Body"]
-        except _transport_errors() as exc:
+        except _request_errors() as exc:
             raise self._fail(key, exc) from exc
 
     def _read_body(self, key: str, byte_range: str, most: int) -> bytes:
@@ -187,7 +220,7 @@ class S3Storage(Storage):
             self.client.upload_file(
                 str(path), self.bucket, self._key(key), Callback=progress, Config=config
             )
-        except _transport_errors() as exc:
+        except _request_errors() as exc:
             raise self._fail(key, exc) from exc
 
     def create(self, key: str, data: bytes) -> bool:
@@ -202,31 +235,59 @@ class S3Storage(Storage):
                     return False
                 if _code(exc) != "ConditionalRequestConflict":
                     raise self._fail(key, exc) from exc
-            except _transport_errors() as exc:
+            except _request_errors() as exc:
                 raise self._fail(key, exc) from exc
         raise StorageError(f"{self.url}{key}: conditional write kept conflicting")
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         found: list[ObjectInfo] = []
-        try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(
+        deadline = time.monotonic() + LIST_SECONDS
+        for number, page in enumerate(self._pages(prefix), 1):
+            for obj in page.get("Contents", []):
+                info = self._entry(prefix, obj)
+                # S3 lists in key order: a page that does not move forward is a
+                # store paging in a loop, which would never end.
+                if found and info.key <= found[-1].key:
+                    raise StorageError(f"{self.url}{prefix}: the listing went backwards")
+                found.append(info)
+            check_listed(self.url, prefix, len(found))
+            if number >= MAX_PAGES or time.monotonic() > deadline:
+                limit = f"{MAX_PAGES:,} pages" if number >= MAX_PAGES else f"{LIST_SECONDS:g} s"
+                raise LimitExceededError(
+                    f"{self.url}{prefix}: the listing goes on past {limit} ({number:,} pages, "
+                    f"{len(found):,} objects: a store that pages without end); refused"
+                )
+        return found
+
+    def _pages(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """The pages of a listing, a page that failed or is malformed as ``io-error``."""
+        pages = iter(
+            self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix
             )
-            for page in pages:
-                for obj in page.get("Contents", []):
-                    info = ObjectInfo(obj["Key"][len(self.prefix) :], int(obj["Size"]))
-                    # S3 lists in key order: a page that does not move forward is a
-                    # store paging in a loop, which would never end.
-                    if found and info.key <= found[-1].key:
-                        raise StorageError(f"{self.url}{prefix}: the listing went backwards")
-                    found.append(info)
-                check_listed(self.url, prefix, len(found))
-        except _transport_errors() as exc:
+        )
+        while True:
+            try:
+                page = next(pages, None)
+            except _request_errors() as exc:
+                raise self._fail(prefix, exc) from exc
+            if not isinstance(page, dict):
+                return
+            yield page
+
+    def _entry(self, prefix: str, obj: Any) -> ObjectInfo:
+        """One listed object; a key outside the prefix listed, or a size that is not a
+        count of bytes, is a malformed answer."""
+        try:
+            key, size = obj["Key"], _size(obj["Size"])
+        except (LookupError, TypeError, ValueError) as exc:
             raise self._fail(prefix, exc) from exc
-        return found
+        if not isinstance(key, str) or not key.startswith(self.prefix + prefix):
+            raise StorageError(f"{self.url}{prefix}: the listing names {key!r}, not under it")
+        return ObjectInfo(key[len(self.prefix) :], size)
 
     def delete(self, key: str) -> None:
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
-        except _transport_errors() as exc:
+        except _request_errors() as exc:
             raise self._fail(key, exc) from exc

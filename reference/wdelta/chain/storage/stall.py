@@ -6,7 +6,9 @@ for days while it looks alive. Every answer read from a network store therefore 
 budget: ``GRACE`` seconds, plus one second per ``MIN_RATE`` bytes received so far. Past it, a
 watchdog shuts the connection down (which wakes a read blocked in the socket) and the read
 fails with ``io-error`` naming the object, so a follower reports it and polls again instead of
-hanging (SPEC §15, "Slow answers").
+hanging (SPEC §15, "Slow answers"). For S3, ``s3http`` puts each whole request under such a
+budget (connecting, the headers, a listing page, an error body); an object's bytes are
+watched by the reader, which reads only the bytes it asked for.
 """
 
 from __future__ import annotations
