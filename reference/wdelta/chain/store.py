@@ -27,7 +27,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import blake3
@@ -323,12 +323,22 @@ class Chain:
     def is_cached(self, digest: str) -> bool:
         return self.cached_path(digest) is not None
 
+    def evict_corrupt(self, files: Iterable[tuple[str, str]]) -> bool:
+        """``evict_if_corrupt`` of every ``(digest, algorithm)``; True if any was removed."""
+        return [self.evict_if_corrupt(d, a) for d, a in files].count(True) > 0
+
     def evict_if_corrupt(self, digest: str, algorithm: str) -> bool:
         """Remove the cached file ``digest`` if its bytes no longer have that digest
-        (damaged on disk, or written by someone else); True if it was removed."""
+        (damaged on disk, or written by someone else); True if it was removed.  A
+        file another process removed meanwhile is not an error (False)."""
         path = self.cached_path(digest)
-        if path is None or file_digest(path, algorithm) == digest:
-            return False
+        try:
+            if path is None or file_digest(path, algorithm) == digest:
+                return False
+        except StorageError:
+            if path is not None and not path.exists():
+                return False
+            raise
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
