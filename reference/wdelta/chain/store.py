@@ -35,7 +35,9 @@ import blake3
 from ..arguments import PathLike, as_path, check_seconds
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError, WdeltaError
 from ..format.digest import digest_bytes
+from ..io.atomic import temp_name
 from ..limits import MAX_MANIFEST_BYTES
+from . import cachelock
 from .errors import ConflictError, ManifestInvalidError, NotFoundError, SignatureInvalidError
 from .manifest import (
     MANIFEST_PREFIX,
@@ -349,31 +351,66 @@ class Chain:
         self, key: str, size: int, digest: str, algorithm: str,
         progress: Progress | None = None,
     ) -> Path:  # fmt: skip
-        """A verified local copy of ``key`` (from the cache, else downloaded into it)."""
+        """A verified local copy of ``key`` (from the cache, else downloaded into it).
+
+        Safe for many processes sharing the cache folder (``cachelock``): one
+        downloads the object, the others wait for it and download nothing."""
         if self.cache is None:
             raise StorageError(f"a cache folder is needed to download files: {_GIVE_CACHE}")
+        done = self._hit(digest)
+        if done is not None:
+            return done
+        try:
+            for sub in ("partial", "objects"):
+                (self.cache / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create the cache folder {self.cache}: {exc}") from exc
+        with cachelock.locked(self.cache, digest) as held:
+            done = self._hit(digest)  # stored by another process while this one waited
+            if done is not None:
+                return done
+            return self._download(key, size, digest, algorithm, progress, held)
+
+    def _hit(self, digest: str) -> Path | None:
         done = self.cached_path(digest)
         if done is not None:
             with contextlib.suppress(OSError):
                 os.utime(done)  # last use, for the cache's least-recently-used order
-            return done
-        for sub in ("partial", "objects"):
-            (self.cache / sub).mkdir(parents=True, exist_ok=True)
-        part = self.cache / "partial" / f"{digest}.part"
-        resumed = part.exists()
-        if size >= self.storage.transfer.threshold:
-            download_ranges(self.storage, key, part, size, progress, self.storage.transfer)
-        else:
-            download(self.storage, key, part, size, progress)
-        if file_digest(part, algorithm) != digest:
-            part.unlink()
+        return done
+
+    def _download(
+        self, key: str, size: int, digest: str, algorithm: str, progress: Progress | None,
+        held: bool,
+    ) -> Path:  # fmt: skip
+        """Download ``key`` into a partial file, check it, store it as ``objects/<digest>``.
+
+        ``held``: this process holds the entry's lock, so it alone writes the shared
+        ``partial/<digest>.part`` and continues what an earlier download left there;
+        else (no locks) it writes a fresh partial file of its own."""
+        assert self.cache is not None
+        folder = self.cache / "partial"
+        part = folder / (f"{digest}.part" if held else temp_name(f"{digest}.part"))
+        while True:
+            resumed = held and part.exists()
+            try:
+                if size >= self.storage.transfer.threshold:
+                    download_ranges(self.storage, key, part, size, progress, self.storage.transfer)
+                else:
+                    download(self.storage, key, part, size, progress)
+                good = file_digest(part, algorithm) == digest
+            except BaseException:
+                if not held:
+                    part.unlink(missing_ok=True)
+                raise
+            if good:
+                break
+            part.unlink(missing_ok=True)
             if not resumed:
                 raise ChecksumMismatchError(
                     f"{key}: downloaded bytes do not match the manifest digest"
                 )
             # The bytes kept from an earlier download were bad (damaged or planted):
             # they are gone now, and the whole file is fetched once more.
-            return self.fetch(key, size, digest, algorithm, progress)
         final = self.cache / "objects" / digest
         try:
             if final.is_dir() and not final.is_symlink():
