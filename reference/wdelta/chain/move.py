@@ -296,8 +296,9 @@ def _undo(
         for hop, link in zip(reversed(done), reversed(links), strict=True):
             _apply_link(chain, m, link, weights, not hop.reverse, tensors, threads)
         return
-    exc.args = (f"{exc}; the weights are at version {done[-1].version} (the links applied "
-                "before could not be undone from the cache)",)  # fmt: skip
+    exc.message = (f"{exc}; the weights are at version {done[-1].version} (the links applied "
+                   "before could not be undone from the cache)")  # fmt: skip
+    exc.args = (exc.message,)
 
 
 def _jump(
