@@ -4,6 +4,7 @@ succeed, and each object is downloaded once."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -12,11 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import wdelta
-from chainkit import Wrapped
+from chainkit import FailingStorage, Wrapped
 from wdelta import chain
 from wdelta.chain import cachegc, cachelock
+from wdelta.errors import StorageError
 
 WORKER = Path(__file__).resolve().parent / "cache_worker.py"
 ENV = {**os.environ, "PYTHONPATH": str(Path(wdelta.__file__).resolve().parent.parent)}
@@ -130,3 +133,29 @@ def test_gc_keeps_a_partial_file_being_downloaded(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     assert cachegc.gc(cache, None, 0).removed == [part]
+
+
+def test_without_locks_each_process_downloads_to_a_file_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system without locks (flock: ENOLCK, as an NFS mount with ``nolock``):
+    downloads go to a fresh partial file per process, removed if the download fails,
+    and the object is stored as usual; ``gc`` is not held up."""
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(cachelock.fcntl, "flock", no_locks)
+    store = tmp_path / "store"
+    history = publish(store, 2)
+    link = chain.Chain(chain.LocalStorage(store)).head().links[0]
+    cache = tmp_path / "cache"
+    failing = FailingStorage(chain.LocalStorage(store), "deltas/", 1000)
+    with pytest.raises(StorageError, match="injected"):
+        chain.Chain(failing, cache).fetch(link.key, link.size, link.digest, "blake3")
+    assert not any((cache / "partial").iterdir())  # no resuming without a lock
+    weights = {n: a.copy() for n, a in history[0].items()}
+    moved = chain.move_weights(chain.Chain(chain.LocalStorage(store), cache), weights, at=0)
+    assert moved.version.number == 1 and (cache / "objects" / link.digest).is_file()
+    assert not any((cache / "partial").iterdir())
+    assert cachegc.gc(cache, None, 0).removed  # everything may go

@@ -59,8 +59,13 @@ def test_forward_skipping_and_backward(tmp_path: Path) -> None:
     _, history = publisher(tmp_path, 5)
     c, _ = node(tmp_path)
     weights = copy(history[1])
-    moved = chain.move_weights(c, weights, at=1, to=4)
-    assert moved.version.number == 4 and not moved.jumped and moved.downloaded > 0
+    seen: list[tuple[int, frozenset[str]]] = []
+    blocks: list[int] = []
+    moved = chain.move_weights(c, weights, at=1, to=4, progress=blocks.append,
+                               on_link=lambda v, names: seen.append((v.number, names)))  # fmt: skip
+    assert moved.version.number == 4 and not moved.jumped and moved.downloaded == sum(blocks) > 0
+    assert [v for v, _ in seen] == [2, 3, 4]
+    assert seen[0][1] == frozenset(changed_between(history[1], history[2]))
     assert same(weights, history[4])
     assert moved.changed == changed_between(history[1], history[4])
     moved = chain.move_weights(c, weights, at=4, to=2)
@@ -179,3 +184,26 @@ def test_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(WdeltaError, match="pass at="):
         chain.move_weights(c, {"embed.weight": history[0]["embed.weight"].copy()}, at=None,
                            tensors="embed.*")  # fmt: skip
+
+
+def test_a_failure_that_cannot_be_undone_names_the_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partial mapping reads uncached links by ranges: undoing would read them again,
+    so the error names the version the weights were left at (all of it, bit for bit)."""
+    _, history = publisher(tmp_path, 3)
+    c, _ = node(tmp_path)
+    weights = {n: a.copy() for n, a in history[0].items() if n.startswith("layers.")}
+    real, calls = move._apply_link, []
+
+    def third_fails(*args: Any) -> None:
+        calls.append(args[4])
+        if len(calls) == 3:
+            raise StorageError("injected: the third link fails")
+        real(*args)
+
+    monkeypatch.setattr(move, "_apply_link", third_fails)
+    monkeypatch.setattr(move, "evicting", lambda c, files, run: run())
+    with pytest.raises(StorageError, match="the weights are at version 2"):
+        chain.move_weights(c, weights, at=0, to=3, tensors="layers.*")
+    assert all(np.array_equal(weights[n], history[2][n]) for n in weights)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ class Moved:
     the tensors whose bytes the move changed or added (a superset when a
     tensor changed by one link is changed back by the next); tensors the move
     removed are no longer in the mapping and not listed.  ``downloaded``: bytes
-    fetched from storage by this call (0 after a ``prefetch``).  ``jumped``:
+    of whole files this call downloaded into the cache (0 after a ``prefetch``).  ``jumped``:
     True if no links led there and the target was loaded through a snapshot.
     """
 
@@ -189,10 +189,12 @@ def prefetch(
 
 @dataclass
 class _Counter:
-    """A progress callback that also sums the bytes it is told of."""
+    """A progress callback that also sums the bytes it is told of; ``on_link`` is told
+    of each link applied."""
 
     inner: Progress | None
     total: int = 0
+    on_link: Callable[[Version, frozenset[str]], None] | None = None
 
     def __call__(self, n: int) -> None:
         self.total += n
@@ -203,9 +205,10 @@ class _Counter:
 def move_weights(
     chain: Chain | PathLike, weights: MutableMapping[str, Any], *, at: int | str | None,
     to: int | str = "head", tensors: Select = None, threads: int = 2, jump: bool = True,
-    progress: Progress | None = None, trust: Trust | PathLike | None = None,
-    state: PathLike | None = None, accept_rollback: bool = False, allow_unsigned: bool = False,
-    max_age: float | None = None,
+    progress: Progress | None = None,
+    on_link: Callable[[Version, frozenset[str]], None] | None = None,
+    trust: Trust | PathLike | None = None, state: PathLike | None = None,
+    accept_rollback: bool = False, allow_unsigned: bool = False, max_age: float | None = None,
 ) -> Moved:  # fmt: skip
     """Bring ``weights`` (NumPy arrays / torch tensors by name, in place) from version
     ``at`` to version ``to`` of the chain; where they ended and what changed.
@@ -217,7 +220,10 @@ def move_weights(
     those tensors (a pattern or a predicate, as ``follow_weights``'s); links
     not in the cache are then read by ranges (the selected blobs only).
     ``jump``: see the module's doc; a jump needs a pattern, not a predicate.
-    ``progress`` is called with each downloaded block's size in bytes.
+    Progress: ``progress(n)`` is called with each downloaded block's size in
+    bytes (whole files into the cache; a partial mapping's ranged reads are not
+    counted), ``on_link(version, names)`` after each link is applied, with the
+    version reached and the tensors that link changed or added.
 
     Every link is verified (BLAKE3 of its file, header against the manifest,
     every tensor digest on apply: SPEC §10.2), the move is all or nothing as
@@ -233,7 +239,7 @@ def move_weights(
     m, digest, tracker = _head(c, o)
     goal = m.version(to)
     start = _start(m, weights, at, tensors is not None)
-    count = _Counter(progress)
+    count = _Counter(progress, on_link=on_link)
     hops = plan_move(c, m, start, goal.number)
     if hops is None:
         if not jump:
@@ -265,11 +271,14 @@ def _move(
             apply = functools.partial(_apply_hop, chain, m, link, weights, hop.reverse,
                                       tensors, threads)  # fmt: skip
             try:
-                changed |= {n for n in evicting(chain, link.files, apply) if keep(n)}
+                names = {n for n in evicting(chain, link.files, apply) if keep(n)}
             except WdeltaError as exc:
                 _undo(chain, m, done, weights, tensors, threads, exc)
                 raise
             done.append(hop)
+            changed |= names
+            if count.on_link is not None:
+                count.on_link(m.version(hop.version), frozenset(names))
     return changed
 
 
