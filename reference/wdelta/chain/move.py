@@ -244,7 +244,8 @@ def move_weights(
     if hops is None:
         if not jump:
             raise ChainBrokenError(
-                f"no links lead from version {at} to version {goal.number} (jump=False)"
+                f"no links lead from version {at} to version {goal.number}, and no jump "
+                "through a snapshot was allowed"
             )
         changed = _jump(c, m, goal, weights, start, tensors, threads, count)
     else:
