@@ -143,9 +143,10 @@ def test_fused_tp_ranks_follow_a_chain_with_changed_tensors_only(tmp_path: Path)
     assert at == 3 and all(len(e.fed) == 4 for e in ranks)
     assert all(sorted(e.fed[-1]) == sorted(f"model.layers.1.{n}" for n in CHANGES[3])
                for e in ranks)  # fmt: skip
-    # The link read backwards names the same tensors; versions no link joins: None.
+    # The link read backwards names the same tensors; over three links, every one's.
     assert engines.changed_names(node, node.head(), 3, 2) == names
-    assert engines.changed_names(node, node.head(), 0, 3) is None
+    every = {f"model.layers.{k % LAYERS}.{n}" for k in CHANGES for n in CHANGES[k]}
+    assert engines.changed_names(node, node.head(), 0, 3) == sorted(every)
 
 
 def test_kv_heads_fewer_than_ranks_are_replicated() -> None:

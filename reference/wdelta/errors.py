@@ -17,6 +17,10 @@ class WdeltaError(Exception):
     #: a checkpoint or a folder where a delta goes): the CLI then adds the usage
     #: of the command that was run, which the library cannot know.
     mixed_up = False
+    #: The manifest revision a publish created although it then failed (a rank of a
+    #: distributed publish failed after rank 0's commit): the step is on the chain.
+    #: None when nothing was published.
+    published_revision: int | None = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

@@ -9,6 +9,8 @@ Python API (SPEC §17)::
     chain.pull(c, Path("node/model.safetensors"))            # to the head
     chain.Publisher(c).publish(model.state_dict(), step=1)   # from memory
     for v in chain.follow_weights(c, weights): ...           # into memory
+    chain.prefetch(c, at=3, to=7)                            # download ahead
+    moved = chain.move_weights(c, weights, at=3, to=7)      # in memory, to version 7
     m = chain.parse_manifest(data)                           # read-only tooling
 
 Every failure is a :class:`wdelta.WdeltaError` with a stable category; the
@@ -39,6 +41,7 @@ from .manifest import (
     parse_manifest,
     read_manifest,
 )
+from .move import Moved, move_weights, prefetch
 from .ops import AppendOptions, append, append_delta, init, log_rows, verify
 from .prune import Policy, prune
 from .pull import PullResult, follow, pull
@@ -61,6 +64,7 @@ __all__ = [
     "LocalStorage",
     "Manifest",
     "ManifestInvalidError",
+    "Moved",
     "NotFoundError",
     "ObjectInfo",
     "Policy",
@@ -88,8 +92,10 @@ __all__ = [
     "load_signing_key",
     "log_rows",
     "make_root",
+    "move_weights",
     "open_storage",
     "parse_manifest",
+    "prefetch",
     "prune",
     "pull",
     "read_manifest",

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..arguments import check_optional_int
 from ..errors import BadArgumentError, StorageError, WdeltaError
 from ..io.atomic import TMP_MARK, temp_name
+from . import cachelock
 from .manifest import Manifest
 from .smallfile import read_regular
 from .store import Chain
@@ -142,13 +143,17 @@ def gc(cache: Path, head: Manifest | None, max_bytes: int | None = None) -> GcRe
 
 
 def _remove(cache: Path, e: Entry, result: GcResult) -> bool:
-    """Remove ``e`` unless a running pull pinned it; True if removed."""
+    """Remove ``e`` unless a running pull pinned it or another process holds its lock
+    (``cachelock``); True if removed."""
     if e.digest in pinned(cache):
         return False
-    try:
-        e.path.unlink(missing_ok=True)
-    except OSError as exc:
-        raise StorageError(f"cannot remove {e.path}: {exc}") from exc
+    with cachelock.unless_busy(cache, e.digest) as free:
+        if not free:  # another process is downloading it: its partial file is in use
+            return False
+        try:
+            e.path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot remove {e.path}: {exc}") from exc
     result.removed.append(e.path)
     result.freed += e.size
     return True

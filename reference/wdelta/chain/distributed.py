@@ -45,6 +45,7 @@ from ..format.container import open_delta
 from ..format.digest import TensorIdentity, checkpoint_digest
 from ..ops import tensors as live
 from .collective import Group, Outcome
+from .errors import published_anyway
 from .live import Publisher, _digests, save_weights
 from .manifest import (
     Link,
@@ -152,7 +153,7 @@ class DistributedPublisher:
         result = None
         if self.rank == 0:
             result = _guarded(lambda: self._create_first(shards, tmp, step, metadata))
-        return parse_manifest(self.group.from_rank0(result))
+        return self._finish(result, lambda m: None)
 
     @property
     def _threads(self) -> int:
@@ -228,9 +229,23 @@ class DistributedPublisher:
             snap = self._snapshot(0, [s for _, s in uploaded], tmp) if snapshot else None
             parts = [p for p, _ in uploaded]
             result = _guarded(lambda: self._commit(parts, base, target, step, metadata, snap))
-        m = parse_manifest(self.group.from_rank0(result))
-        if share:
-            self._local._advance(share, raw)
+        return self._finish(result, lambda m: self._local._advance(share, raw) if share else None)
+
+    def _finish(self, result: Outcome | None, then: Callable[[Manifest], None]) -> Manifest:
+        """Rank 0's new manifest on every rank, then ``then(manifest)``.  A failure after
+        rank 0 created the revision (the group failing during the broadcast, ``then``
+        failing on a rank) is raised saying that the version is published, with the
+        error's ``published_revision`` set, so a trainer can tell."""
+        created = None if result is None or result.error is not None else result.value
+        m = None
+        try:
+            m = parse_manifest(self.group.from_rank0(result))
+            then(m)
+        except WdeltaError as exc:
+            landed = m if m is not None else (None if created is None else parse_manifest(created))
+            if landed is None:
+                raise
+            raise published_anyway(exc, landed.revision, landed.head.number) from exc
         return m
 
     def _upload_part(

@@ -47,6 +47,15 @@ class FrozenError(WdeltaError):
     category = "frozen"
 
 
+def published_anyway(exc: WdeltaError, revision: int, version: int) -> WdeltaError:
+    """``exc`` (same category) saying that revision ``revision`` (the new version
+    ``version``) was published before it happened; ``published_revision`` is set."""
+    new = type(exc)(f"{exc}; but revision {revision} was created first: version {version} "
+                    "is published")  # fmt: skip
+    new.published_revision = revision
+    return new
+
+
 CHAIN_CATEGORIES: tuple[str, ...] = (
     "manifest-invalid", "chain-broken", "not-found", "conflict", "signature-invalid", "frozen",
 )  # fmt: skip

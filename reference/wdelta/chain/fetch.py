@@ -4,16 +4,18 @@ snapshots assembled into checkpoints whose digest is the version's."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
-from ..errors import StorageError
+from ..errors import StorageError, WdeltaError
 from ..format.container import open_delta
 from ..format.header import Header
 from ..io import rename
 from ..io.atomic import temp_name
 from .errors import ChainBrokenError
 from .local import digest_of_path
-from .manifest import Link, Manifest, Snapshot
+from .manifest import Link, LinkPart, Manifest, Snapshot
 from .storage.base import Progress
 from .store import Chain
 
@@ -30,6 +32,22 @@ def check_link_header(m: Manifest, link: Link, header: Header) -> None:
         )
     if reversible != link.reversible:
         raise ChainBrokenError(f"link {link.source}->{link.target}: reversible flag disagrees")
+
+
+T = TypeVar("T")
+
+
+def evicting(chain: Chain, files: Iterable[LinkPart], run: Callable[[], T]) -> T:
+    """``run()``; if it fails and a cached file of ``files`` (delta files, BLAKE3) no
+    longer has its digest (damaged, or planted under it), those files are removed
+    and ``run()`` is called once more, fetching them again (SPEC §17.7).  ``run``
+    must change nothing when it fails (an in-place apply is all or nothing)."""
+    try:
+        return run()
+    except WdeltaError:
+        if not chain.evict_corrupt((f.digest, "blake3") for f in files):
+            raise
+    return run()
 
 
 def fetch_link(chain: Chain, m: Manifest, link: Link, progress: Progress | None = None) -> Path:

@@ -25,6 +25,7 @@ links to the head (pruned) jumps there through a snapshot pulled into memory.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import tempfile
 import time
@@ -62,7 +63,7 @@ from ..ops.tensors import Select, Slot
 from . import cachegc, graph, parts
 from .acceptance import Tracker
 from .errors import ChainBrokenError, NotFoundError
-from .fetch import fetch_link
+from .fetch import evicting, fetch_link
 from .freshness import check_fresh, check_max_age
 from .manifest import Link, Manifest, Version
 from .ops import AppendOptions, append_delta, init
@@ -360,8 +361,10 @@ def _advance(
         yield _jump(chain, m, weights, current, tensors, threads)
     else:
         for hop in plan[1]:
-            assert hop.link is not None
-            _apply_link(chain, m, hop.link, weights, hop.reverse, tensors, threads)
+            link = hop.link
+            assert link is not None
+            evicting(chain, link.files, functools.partial(
+                _apply_link, chain, m, link, weights, hop.reverse, tensors, threads))  # fmt: skip
             yield m.version(hop.version)
     tracker.accept(chain, m, digest)
     return m

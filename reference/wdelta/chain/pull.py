@@ -218,11 +218,10 @@ def _hop_refetching(p: _Puller, hop: graph.Hop, current: Path | None) -> Path:
 
 def _evict_corrupt(chain: Chain, hop: graph.Hop) -> bool:
     """Remove the hop's cached files whose bytes no longer match; True if any was."""
-    if hop.link is not None:
-        return chain.evict_if_corrupt(hop.link.digest, "blake3")
+    if hop.link is not None:  # every part of a multi-part link, not its combined digest
+        return chain.evict_corrupt((f.digest, "blake3") for f in hop.link.files)
     assert hop.snapshot is not None
-    evicted = [chain.evict_if_corrupt(f.sha256, "sha256") for f in hop.snapshot.files]
-    return any(evicted)
+    return chain.evict_corrupt((f.sha256, "sha256") for f in hop.snapshot.files)
 
 
 def _plan(p: _Puller, starts: dict[int, Path], goal: Version) -> tuple[int, list[graph.Hop]]:

@@ -6,8 +6,9 @@ folder, and may be a folder, a FIFO, a device (``/dev/zero`` behind a symlink)
 or a huge file.  It is opened without blocking (so a FIFO cannot hang the
 node), its kind is checked with ``fstat`` on that open file, and a whole read
 takes at most the caller's limit (so nothing larger is read into memory).
-A partial download in a node's cache is continued only if it is a regular
-file, and appended to without following a symlink.
+A partial download in a node's cache is created exclusively, and continued
+only if it is a regular file of one link owned by the node's user, appended to
+without following a symlink.
 """
 
 from __future__ import annotations
@@ -86,18 +87,27 @@ def read_regular(path: Path, limit: int, refuse: Callable[[str], WdeltaError]) -
         os.close(fd)
 
 
+def _ours(info: os.stat_result) -> bool:
+    """A partial download this node may continue: a regular file with one name (a
+    hard link would write through to another file: the node's checkpoint, say),
+    owned by this user."""
+    owner = os.geteuid() if hasattr(os, "geteuid") else info.st_uid
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and info.st_uid == owner
+
+
 def kept_partial(part: Path, size: int) -> int:
     """Bytes of an earlier download in ``part`` to continue after (0: start afresh).
 
-    Anything but a regular file there is removed first (it is the node's own
-    cache): a FIFO would block the download, a symlink would write elsewhere.
-    So is a file longer than ``size``.
+    Anything but a regular file of one link owned by this user is removed first
+    (it is the node's own cache; removing a hard link leaves the file it names):
+    a FIFO would block the download, a symlink or hard link would write
+    elsewhere.  So is a file longer than ``size``.
     """
     try:
         info = part.lstat()
     except FileNotFoundError:
         return 0
-    if stat.S_ISREG(info.st_mode) and info.st_size <= size:
+    if _ours(info) and info.st_size <= size:
         return info.st_size
     try:
         shutil.rmtree(part) if stat.S_ISDIR(info.st_mode) else part.unlink()
@@ -106,19 +116,32 @@ def kept_partial(part: Path, size: int) -> int:
     return 0
 
 
-def append_partial(path: str, flags: int) -> int:
-    # Never through a symlink, never waiting on a FIFO put there meanwhile.
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+def _open_partial(part: Path, have: int) -> int:
+    """A descriptor appending to ``part``: created here, exclusively, when ``have`` is 0;
+    else the file :func:`kept_partial` found, if it still is one to continue (a regular
+    file of one link, this user's, of ``have`` bytes: nothing swapped in meanwhile).
+    Never through a symlink, never waiting on a FIFO."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+    fd = os.open(part, flags | (os.O_CREAT | os.O_EXCL if have == 0 else 0), 0o666)
+    info = os.fstat(fd)
+    if not _ours(info) or info.st_size != have:
+        os.close(fd)
+        raise StorageError(
+            f"refusing to continue the partial download {part}: it changed since it was "
+            "checked (another link to it, another owner or size); it is removed next time"
+        )
+    return fd
 
 
 def append_blocks(
-    part: Path, blocks: Iterable[bytes], progress: Callable[[int], None] | None
+    part: Path, blocks: Iterable[bytes], progress: Callable[[int], None] | None, *, have: int
 ) -> None:
-    """Append ``blocks`` to the partial download ``part`` (opened as :func:`append_partial`
-    does), then fsync it; ``progress`` counts each block's bytes. An OSError is a
-    StorageError naming ``part``."""
+    """Append ``blocks`` to the partial download ``part`` of ``have`` bytes (as
+    :func:`kept_partial` found it; 0: a new file, created exclusively), then fsync
+    it; ``progress`` counts each block's bytes.  An OSError is a StorageError
+    naming ``part``."""
     try:
-        with open(part, "ab", opener=append_partial) as f:
+        with open(_open_partial(part, have), "ab") as f:
             for block in blocks:
                 f.write(block)
                 if progress is not None:

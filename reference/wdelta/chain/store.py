@@ -14,6 +14,9 @@ continued with ranged reads; objects of at least ``storage.transfer.threshold``
 bytes with concurrent ranged reads, ``transfer.download_ranges``), are
 checked against the manifest's digest and only then moved to
 ``<cache>/objects/<digest>``: a cached file is verified when it is stored.
+A download holds its object's lock (``cachelock``), so processes and hosts
+sharing the cache folder download each object once and never write one
+partial file together.
 It can still be damaged later (a disk, or anyone who can write the cache): a
 use that fails on it checks its digest again, and a bad file is removed
 (``evict_if_corrupt``) so that it is downloaded once more.
@@ -27,7 +30,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import blake3
@@ -35,7 +38,9 @@ import blake3
 from ..arguments import PathLike, as_path, check_seconds
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError, WdeltaError
 from ..format.digest import digest_bytes
+from ..io.atomic import temp_name
 from ..limits import MAX_MANIFEST_BYTES
+from . import cachelock
 from .errors import ConflictError, ManifestInvalidError, NotFoundError, SignatureInvalidError
 from .manifest import (
     MANIFEST_PREFIX,
@@ -323,12 +328,22 @@ class Chain:
     def is_cached(self, digest: str) -> bool:
         return self.cached_path(digest) is not None
 
+    def evict_corrupt(self, files: Iterable[tuple[str, str]]) -> bool:
+        """``evict_if_corrupt`` of every ``(digest, algorithm)``; True if any was removed."""
+        return [self.evict_if_corrupt(d, a) for d, a in files].count(True) > 0
+
     def evict_if_corrupt(self, digest: str, algorithm: str) -> bool:
         """Remove the cached file ``digest`` if its bytes no longer have that digest
-        (damaged on disk, or written by someone else); True if it was removed."""
+        (damaged on disk, or written by someone else); True if it was removed.  A
+        file another process removed meanwhile is not an error (False)."""
         path = self.cached_path(digest)
-        if path is None or file_digest(path, algorithm) == digest:
-            return False
+        try:
+            if path is None or file_digest(path, algorithm) == digest:
+                return False
+        except StorageError:
+            if path is not None and not path.exists():
+                return False
+            raise
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
@@ -339,31 +354,66 @@ class Chain:
         self, key: str, size: int, digest: str, algorithm: str,
         progress: Progress | None = None,
     ) -> Path:  # fmt: skip
-        """A verified local copy of ``key`` (from the cache, else downloaded into it)."""
+        """A verified local copy of ``key`` (from the cache, else downloaded into it).
+
+        Safe for many processes sharing the cache folder (``cachelock``): one
+        downloads the object, the others wait for it and download nothing."""
         if self.cache is None:
             raise StorageError(f"a cache folder is needed to download files: {_GIVE_CACHE}")
+        done = self._hit(digest)
+        if done is not None:
+            return done
+        try:
+            for sub in ("partial", "objects"):
+                (self.cache / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create the cache folder {self.cache}: {exc}") from exc
+        with cachelock.locked(self.cache, digest) as held:
+            done = self._hit(digest)  # stored by another process while this one waited
+            if done is not None:
+                return done
+            return self._download(key, size, digest, algorithm, progress, held)
+
+    def _hit(self, digest: str) -> Path | None:
         done = self.cached_path(digest)
         if done is not None:
             with contextlib.suppress(OSError):
                 os.utime(done)  # last use, for the cache's least-recently-used order
-            return done
-        for sub in ("partial", "objects"):
-            (self.cache / sub).mkdir(parents=True, exist_ok=True)
-        part = self.cache / "partial" / f"{digest}.part"
-        resumed = part.exists()
-        if size >= self.storage.transfer.threshold:
-            download_ranges(self.storage, key, part, size, progress, self.storage.transfer)
-        else:
-            download(self.storage, key, part, size, progress)
-        if file_digest(part, algorithm) != digest:
-            part.unlink()
+        return done
+
+    def _download(
+        self, key: str, size: int, digest: str, algorithm: str, progress: Progress | None,
+        held: bool,
+    ) -> Path:  # fmt: skip
+        """Download ``key`` into a partial file, check it, store it as ``objects/<digest>``.
+
+        ``held``: this process holds the entry's lock, so it alone writes the shared
+        ``partial/<digest>.part`` and continues what an earlier download left there;
+        else (no locks) it writes a fresh partial file of its own."""
+        assert self.cache is not None
+        folder = self.cache / "partial"
+        part = folder / (f"{digest}.part" if held else temp_name(f"{digest}.part"))
+        while True:
+            resumed = held and part.exists()
+            try:
+                if size >= self.storage.transfer.threshold:
+                    download_ranges(self.storage, key, part, size, progress, self.storage.transfer)
+                else:
+                    download(self.storage, key, part, size, progress)
+                good = file_digest(part, algorithm) == digest
+            except BaseException:
+                if not held:
+                    part.unlink(missing_ok=True)
+                raise
+            if good:
+                break
+            part.unlink(missing_ok=True)
             if not resumed:
                 raise ChecksumMismatchError(
                     f"{key}: downloaded bytes do not match the manifest digest"
                 )
             # The bytes kept from an earlier download were bad (damaged or planted):
             # they are gone now, and the whole file is fetched once more.
-            return self.fetch(key, size, digest, algorithm, progress)
         final = self.cache / "objects" / digest
         try:
             if final.is_dir() and not final.is_symlink():

@@ -13,9 +13,11 @@ into place.
 :class:`TensorParallel` is that mapping for one rank, taking the engine's own
 ``stacked_params_mapping`` (vLLM's tuple format).  Its ``load_weights``
 writes each tensor's rank slice into the fused parameter, bit for bit (same
-dtype, ``copy_``), so a node that follows a chain with ``follow_weights``
-(host copy, checkpoint names) updates each rank with only the tensors a
-version changed: :func:`changed_names` reads them from the link's header.
+dtype, ``copy_``), so a node that keeps a host copy in checkpoint names
+(``follow_weights``, or ``chain.move_weights`` to a chosen version, whose
+result names the changed tensors) updates each rank with only the tensors a
+version changed: :func:`changed_names` reads them from the links' headers
+(every part of a multi-part link).
 torch is needed only by ``load_weights`` and imported there.
 """
 
@@ -26,13 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arguments import check_int, check_mapping
-from ..chain.fetch import check_link_header
-from ..chain.manifest import Link, Manifest
-from ..chain.partial import read_remote_header
+from ..chain.manifest import Manifest
+from ..chain.move import link_changes, plan_move
 from ..chain.store import Chain
 from ..errors import BadArgumentError
-from ..format.container import open_delta
-from ..format.header import Header
 
 # vLLM's LLAMA_STACKED_PARAMS_MAPPING (Llama, Qwen2/3, Mistral, ...): (param, shard, shard id).
 LLAMA_STACKED: tuple[tuple[str, str, str | int], ...] = (
@@ -210,29 +209,19 @@ class TensorParallel:
 
 
 def changed_names(chain: Chain, m: Manifest, before: int, after: int) -> list[str] | None:
-    """The tensors that moving from version ``before`` to ``after`` changed or added,
-    read from the header of the link between them (the cached file, or two ranged
-    reads); None if no link joins them (a jump to a snapshot: treat all as changed)."""
-    for link in m.links:
-        if (link.source, link.target) in ((before, after), (after, before)):
-            reverse = link.source == after
-            header = _header(chain, m, link)
-            new = "removed" if reverse else "added"
-            return [t.name for t in header.tensors if t.op in ("modified", new)]
-    return None
-
-
-def _header(chain: Chain, m: Manifest, link: Link) -> Header:
-    """The link's header (from the cache, verified whole when downloaded, or read with
-    ranged requests, its digest checked), naming the link's versions."""
-    cached = chain.cached_path(link.digest)
-    if cached is not None:
-        with open_delta(cached) as d:
-            header = d.header
-    else:
-        header = read_remote_header(chain.storage, link)[0]
-    check_link_header(m, link, header)
-    return header
+    """The tensors that moving from version ``before`` to ``after`` changed or added
+    (sorted), read from the headers of the links between them: any number of links,
+    either way over reversible ones, every part of a multi-part link (the cached
+    files, or two ranged reads per file); None if no links join them (a jump to a
+    snapshot: treat all as changed).  A tensor changed and changed back is listed."""
+    hops = plan_move(chain, m, before, after)
+    if hops is None:
+        return None
+    names: set[str] = set()
+    for hop in hops:
+        assert hop.link is not None  # a plan over links only
+        names |= link_changes(chain, m, hop.link, hop.reverse)
+    return sorted(names)
 
 
 def updates(weights: Mapping[str, Any], names: Iterable[str] | None) -> Iterator[tuple[str, Any]]:

@@ -166,7 +166,7 @@ def download(
             yield block
 
     try:
-        append_blocks(part, within_size(), progress)
+        append_blocks(part, within_size(), progress, have=have)
     finally:
         if have == 0:  # nothing to resume from (the first read failed): keep no file
             part.unlink(missing_ok=True)

@@ -88,7 +88,7 @@ def download_ranges(
     ``progress`` counts bytes transferred now.  The caller verifies the digest.
     """
     have = kept_partial(part, size)
-    append_blocks(part, read_blocks(storage, key, have, size, transfer), progress)
+    append_blocks(part, read_blocks(storage, key, have, size, transfer), progress, have=have)
     if part.stat().st_size != size:  # read_range returns exactly the bytes asked for (ST-3)
         part.unlink()
         raise ChecksumMismatchError(f"{key}: the download is not the {size} bytes listed")
