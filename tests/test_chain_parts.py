@@ -22,7 +22,7 @@ from wdelta.chain.manifest import (
     revision_key,
 )
 from wdelta.chain.ops import append_parts, check_files
-from wdelta.chain.parts import mark_part
+from wdelta.chain.parts import mark_part, part_file
 from wdelta.chain.store import file_digest
 from wdelta.checkpoint.source import open_checkpoint
 from wdelta.errors import HeaderInvalidError, UnsupportedFeatureError
@@ -67,13 +67,17 @@ def part_files(
         raw, out = tmp / f"raw{i}.wdelta", tmp / f"part{i}.wdelta"
         wdelta.diff({n: old[n] for n in names}, {n: new[n] for n in names}, raw, overwrite=True)
         mark_part(raw, out, i, count or len(split), base, target)
-        digest = file_digest(out, "blake3")
-        c.upload(delta_key(digest), out, digest, "blake3")
-        files.append(LinkPart(digest, out.stat().st_size))
+        part = part_file(out)
+        c.upload(part.key, out, part.digest, "blake3")
+        files.append(part)
     return files
 
 
 SPLIT = [["a.weight", "d.norm"], ["b.weight", "c.bias"]]
+
+
+def link_of(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, str]:
+    return weights_digest(old), weights_digest(new)
 
 
 def published(tmp: Path, steps: int = 2) -> tuple[chain.Chain, list[dict[str, Any]]]:
@@ -82,7 +86,8 @@ def published(tmp: Path, steps: int = 2) -> tuple[chain.Chain, list[dict[str, An
     chain.Publisher(c).publish(history[0], step=0)
     for k in range(1, steps + 1):
         history.append(stepped(history[-1], k))
-        append_parts(c, part_files(c, tmp, history[-2], history[-1], SPLIT), step=k)
+        files = part_files(c, tmp, history[-2], history[-1], SPLIT)
+        append_parts(c, files, versions=link_of(history[-2], history[-1]), step=k)
     return c, history
 
 
@@ -175,14 +180,15 @@ def test_sets_that_are_not_the_link(tmp_path: Path) -> None:
     for name, split in cases.items():
         why = "two parts" if name == "overlapping" else "missing"
         with pytest.raises(ChainBrokenError, match=why):
-            append_parts(c, part_files(c, tmp_path, old, new, split), step=5)
+            append_parts(c, part_files(c, tmp_path, old, new, split), versions=link_of(old, new),
+                         step=5)  # fmt: skip
     other = stepped(new, 8)
     good = part_files(c, tmp_path, old, new, SPLIT)
     stray = part_files(c, tmp_path, new, other, SPLIT)  # a part of the next step
     with pytest.raises(ChainBrokenError, match="says it is"):
-        append_parts(c, [good[0], stray[1]], step=5)
+        append_parts(c, [good[0], stray[1]], versions=link_of(old, new), step=5)
     with pytest.raises(ChainBrokenError, match="says it is"):
-        append_parts(c, [good[1], good[0]], step=5)
+        append_parts(c, [good[1], good[0]], versions=link_of(old, new), step=5)
     assert c.head().revision == 2
 
 

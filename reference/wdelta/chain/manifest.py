@@ -85,10 +85,12 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class LinkPart:
-    """One delta file of a link: BLAKE3 ``digest`` of its bytes and ``size``."""
+    """One delta file of a link: BLAKE3 ``digest`` of its bytes and ``size``; ``header``
+    the BLAKE3 of its header bytes (prefix bytes 24-55), as its writer computed it."""
 
     digest: str
     size: int
+    header: str | None = None
 
     @property
     def key(self) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 from ..checkpoint.safetensors_header import build_header
 from ..checkpoint.source import open_checkpoint
 from ..errors import BaseMismatchError, StorageError
-from ..format.container import PREFIX_SIZE, open_delta, pack_prefix
+from ..format.container import PREFIX_SIZE, open_delta, pack_prefix, parse_prefix
 from ..format.digest import checkpoint_digest, new_hasher
 from ..format.header import Header
 from ..io.atomic import atomic_file
@@ -37,12 +37,12 @@ from ..ops.inplace import apply_opened
 from .errors import ChainBrokenError
 from .fetch import fetch_link
 from .local import READ_ELEMENTS, TENSORS_KEY, VERSION_KEY
-from .manifest import Link, Manifest
+from .manifest import Link, LinkPart, Manifest
 from .partial import Blobs, _apply_tensor, matches, read_remote_header
 from .remote_delta import PartDelta
 from .storage.base import Progress, Storage
 from .storage.local import LocalStorage
-from .store import Chain
+from .store import Chain, file_digest
 
 _COPY_BLOCK = 1 << 22
 
@@ -68,6 +68,18 @@ def mark_part(delta: Path, out: Path, index: int, count: int, base: str, target:
                 at += len(block)
     except OSError as exc:
         raise StorageError(f"cannot write part {index} of {delta} to {out}: {exc}") from exc
+
+
+def part_file(path: Path) -> LinkPart:
+    """The manifest entry of a part this writer encoded: BLAKE3 of its bytes, its size and
+    its header's BLAKE3, all computed from the local file (WS-7: never from storage)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            header = parse_prefix(f.read(PREFIX_SIZE), size)[1].hex()
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc}") from exc
+    return LinkPart(file_digest(path, "blake3"), size, header)
 
 
 def check_parts(m: Manifest, link: Link, headers: Sequence[Header]) -> None:
