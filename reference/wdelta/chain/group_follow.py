@@ -7,8 +7,9 @@ the links from the node's version to its head, to its tensors only (ranged
 reads of its blobs, every part's header for a multi-part link).  The ranks
 then compare outcomes: if every rank reached the head, the version is
 yielded on every rank; if any rank failed, every rank that moved applies the
-links it applied backwards, so the node stays at its version, and the poll
-is reported and retried.  Links the plan uses must be reversible for that
+links it applied backwards, from the very bytes it applied (kept until the
+ranks agree, never read from the store again), so the node stays at its
+version, and the poll is reported and retried.  Links the plan uses must be reversible for that
 (the reference writes reversible links); a plan through a link that is not
 is refused before anything is applied.
 """
@@ -24,7 +25,7 @@ from ..errors import BadArgumentError, WdeltaError
 from . import graph
 from .collective import Group, Outcome
 from .errors import ChainBrokenError
-from .live import _apply_link
+from .live import Applied, _apply_link
 from .manifest import Manifest, Version
 from .store import Chain, as_chain
 
@@ -84,23 +85,27 @@ def _poll(
 ) -> Version | None:  # fmt: skip
     """One poll: the head revision rank 0 names, applied on every rank or on none."""
     revision = ranks.from_rank0(_head_revision(chain) if ranks.rank == 0 else None)
-    applied: list[graph.Hop] = []
+    applied: list[Applied] = []
     mine = Outcome()
     try:
         m = chain.manifest(revision)
         hops = _plan(m, current)
         for hop in hops:
             assert hop.link is not None
-            _apply_link(chain, m, hop.link, weights, hop.reverse, tensors, threads)
-            applied.append(hop)
+            applied.append(_apply_link(chain, m, hop.link, weights, hop.reverse, tensors,
+                                       threads))  # fmt: skip
         mine.value = m.head.number if hops else None
     except WdeltaError as exc:
         mine = Outcome.failed(exc)
     try:
         reached = ranks.agree(mine)
     except WdeltaError:
-        _undo(chain, m if applied else None, applied, weights, tensors, threads)
+        for done in reversed(applied):  # newest first, from the bytes each applied
+            done.undo(weights)
         raise
+    finally:
+        for done in applied:
+            done.close()
     return m.version(reached[0]) if reached[0] is not None else None
 
 
@@ -119,13 +124,3 @@ def _plan(m: Manifest, current: int) -> list[graph.Hop]:
             f"no reversible links lead from version {current} to the head {m.head.number}"
         )
     return plan[1]
-
-
-def _undo(
-    chain: Chain, m: Manifest | None, applied: list[graph.Hop], weights: MutableMapping[str, Any],
-    tensors: str | Callable[[str], bool] | None, threads: int,
-) -> None:  # fmt: skip
-    """Apply ``applied`` backwards, newest first: this rank back at its version."""
-    for hop in reversed(applied):
-        assert m is not None and hop.link is not None
-        _apply_link(chain, m, hop.link, weights, not hop.reverse, tensors, threads)

@@ -361,7 +361,7 @@ def _advance(
     else:
         for hop in plan[1]:
             assert hop.link is not None
-            _apply_link(chain, m, hop.link, weights, hop.reverse, tensors, threads)
+            _apply_link(chain, m, hop.link, weights, hop.reverse, tensors, threads).close()
             yield m.version(hop.version)
     tracker.accept(chain, m, digest)
     return m
@@ -390,23 +390,50 @@ def _jump(
     return version
 
 
+@dataclass
+class Applied:
+    """A link applied in place, with the deltas it applied still open (the blobs ranged
+    reads took are kept, ``RemoteDelta``): undone from bytes the node holds, never by
+    reading the store again.  ``close`` once the version it reached is accepted."""
+
+    deltas: list[Any]
+    reverse: bool
+    keep: Callable[[str], bool]
+    threads: int
+
+    def undo(self, weights: MutableMapping[str, Any]) -> None:
+        for d in reversed(self.deltas):
+            parts.apply_part(weights, d, not self.reverse, self.keep, self.threads)
+
+    def close(self) -> None:
+        for d in self.deltas:
+            d.close()
+
+
 def _apply_link(
     chain: Chain, m: Manifest, link: Link, weights: MutableMapping[str, Any], reverse: bool,
     tensors: Select, threads: int,
-) -> None:  # fmt: skip
+) -> Applied:  # fmt: skip
     """Apply one link in place: from the cache or a whole download, or, for a partial
     mapping and a link not cached, from ranged reads of its header and selected blobs."""
+    keep = live.selector(tensors)
     if link.parts:
-        keep = live.selector(tensors)
-        parts.apply_in_memory(chain, m, link, weights, reverse, keep, tensors is not None, threads)
-        return
+        deltas = parts.apply_in_memory(chain, m, link, weights, reverse, keep,
+                                       tensors is not None, threads)  # fmt: skip
+        return Applied(deltas, reverse, keep, threads)
     if tensors is None or chain.is_cached(link.digest):
-        delta = fetch_link(chain, m, link)
-        apply_inplace(weights, delta, reverse, threads=threads, tensors=tensors)
-        return
-    remote = RemoteDelta(chain.storage, m, link, live.selector(tensors))
-    apply_opened(weights, remote, reverse, verify_output=True, verify_input=False,
-                 threads=threads, tensors=tensors)  # fmt: skip
+        d: Any = open_delta(fetch_link(chain, m, link))
+    else:
+        d = RemoteDelta(chain.storage, m, link, keep)
+    try:
+        if isinstance(d, RemoteDelta):
+            d.hold_removed(reverse)
+        apply_opened(weights, d, reverse, verify_output=True, verify_input=False,
+                     threads=threads, tensors=tensors)  # fmt: skip
+    except BaseException:
+        d.close()
+        raise
+    return Applied([d], reverse, keep, threads)
 
 
 def follow_weights(

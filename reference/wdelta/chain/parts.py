@@ -39,7 +39,7 @@ from .fetch import fetch_link
 from .local import READ_ELEMENTS, TENSORS_KEY, VERSION_KEY
 from .manifest import Link, LinkPart, Manifest
 from .partial import Blobs, _apply_tensor, matches, read_remote_header
-from .remote_delta import PartDelta
+from .remote_delta import PartDelta, RemoteDelta
 from .storage.base import Progress, Storage
 from .storage.local import LocalStorage
 from .store import Chain, file_digest
@@ -232,9 +232,11 @@ def _check_input(tensor: Any, step: Step) -> None:
 def apply_in_memory(
     chain: Chain, m: Manifest, link: Link, weights: MutableMapping[str, Any], reverse: bool,
     keep: Callable[[str], bool], partial: bool, threads: int,
-) -> None:  # fmt: skip
+) -> list[Any]:  # fmt: skip
     """Apply a reversible multi-part link to ``weights`` in place, all or nothing: each
-    part to the tensors it holds; a failed part undoes the parts applied before it."""
+    part to the tensors it holds; a failed part undoes the parts applied before it.
+    Returns the parts applied, open (blobs read by ranges kept), so that the link can be
+    undone from them (``apply_part`` backwards) until the caller closes them."""
     if partial and not all(chain.is_cached(p.digest) for p in link.parts):
         deltas: list[Any] = [PartDelta(chain.storage, p, keep) for p in link.parts]
     else:
@@ -244,23 +246,26 @@ def apply_in_memory(
         done: list[Any] = []
         try:
             for d in deltas:
-                _apply_part(weights, d, reverse, keep, threads)
+                apply_part(weights, d, reverse, keep, threads)
                 done.append(d)
         except BaseException:
             for d in reversed(done):
-                _apply_part(weights, d, not reverse, keep, threads)
+                apply_part(weights, d, not reverse, keep, threads)
             raise
-    finally:
+    except BaseException:
         for d in deltas:
-            if hasattr(d, "close"):
-                d.close()
+            d.close()
+        raise
+    return deltas
 
 
-def _apply_part(
+def apply_part(
     weights: MutableMapping[str, Any], d: Any, reverse: bool, keep: Callable[[str], bool],
     threads: int,
 ) -> None:  # fmt: skip
     """One part, on the sub-mapping of its input tensors; its structural changes copied back."""
+    if isinstance(d, RemoteDelta):
+        d.hold_removed(reverse)
     names = {t.name for t in d.header.side_tensors("target" if reverse else "base")}
     sub = {n: weights[n] for n in names if keep(n) and n in weights}
     before = set(sub)
