@@ -323,6 +323,17 @@ def _keep_roots(chain: Chain, state: PathLike | None) -> None:
     keep_roots_beside(chain.trust, chain.storage, beside)
 
 
+def needs_state(chain: Chain, state: PathLike | None) -> None:
+    """A follower with a trust policy keeps what it trusted across restarts (TUF: trusted
+    metadata persists), as ``pull`` does beside its checkpoint: it needs a state file."""
+    if chain.trust is not None and state is None:
+        raise BadArgumentError(
+            "a follower with a trust policy needs state=FILE, where it keeps the revision it "
+            "accepted and the trust roots it reached: without it a restart forgets a root "
+            "rotation that revoked a key, should the store delete it"
+        )
+
+
 def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partial: bool) -> int:
     """The number of the weights' version; a number pruned from the manifest is kept
     (the node then jumps to the head, see :func:`_jump`)."""
@@ -491,7 +502,8 @@ def follow_weights(
 
     ``state``: a file keeping the accepted head revision across restarts
     (RD-1, as ``pull``'s; with ``trust``, the newest trust root walked to is
-    kept beside it too); None keeps both in memory only.  A head lower than
+    kept beside it too); None keeps the revision in memory only, and is
+    refused with ``trust`` (a restart would forget a revoking root rotation).  A head lower than
     the accepted one, or a rewritten one, fails the poll (manifest-invalid,
     reported and retried like any failure); ``accept_rollback`` accepts the
     first head whatever it is; ``allow_unsigned`` lets a follower without
@@ -511,6 +523,7 @@ def follow_weights(
     max_age = check_max_age(max_age)
     if chain.cache is None:
         raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
+    needs_state(chain, state)
     tracker = Tracker(state, accept_rollback, allow_unsigned)
     _keep_roots(chain, state)
     f = _Follower(chain, weights, tracker, tensors, threads, max_age, bool(recover))
