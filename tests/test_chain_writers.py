@@ -593,7 +593,7 @@ def test_a_trainer_signs_only_the_digests_its_ranks_computed(
 
     got = ranks.run(trainer)
     assert isinstance(got[0], ChecksumMismatchError), got
-    assert "not the one written" in str(got[0])
+    assert "not the part written" in str(got[0])
     assert isinstance(got[1], StorageError) and "rank 0 failed" in str(got[1])
     assert hostile.planted is not None  # the swap happened
     c = chain.Chain(store)

@@ -74,7 +74,7 @@ def read_remote_header(
         if expect is not None and digest.hex() != expect:
             raise ChecksumMismatchError(
                 f"{link.key}: its header digest {digest.hex()[:16]} is not {expect[:16]}, "
-                "the expected one: the stored part is not the one written"
+                "the one listed for it: not the part written"
             )
         header_bytes = storage.read_range(link.key, PREFIX_SIZE, n)
         if progress is not None:

@@ -137,7 +137,7 @@ def _fetched(chain: Chain, m: Manifest, link: Link, progress: Progress | None) -
     for p in link.parts:
         path = chain.fetch(p.key, p.size, p.digest, "blake3", progress)
         local = LocalStorage(path.parent)
-        header, start = read_remote_header(local, _Local(path.name, p.size))
+        header, start = read_remote_header(local, _Local(path.name, p.size), None, p.header)
         sources.append(_Source(header, local, path.name, start, path))
     check_parts(m, link, [s.header for s in sources])
     return sources
@@ -155,7 +155,7 @@ def _remote(storage: Storage, m: Manifest, link: Link, progress: Progress | None
     """Every part's prefix and header by ranged reads (header digests checked)."""
     sources = []
     for p in link.parts:
-        header, start = read_remote_header(storage, p, progress)
+        header, start = read_remote_header(storage, p, progress, p.header)
         sources.append(_Source(header, storage, p.key, start))
     check_parts(m, link, [s.header for s in sources])
     return sources

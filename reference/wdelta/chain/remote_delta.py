@@ -36,14 +36,14 @@ class RemoteDelta:
         self, storage: Storage, m: Manifest, link: Link, keep: Callable[[str], bool],
         progress: Progress | None = None,
     ) -> None:  # fmt: skip
-        self._open(storage, link, keep, progress)
+        self._open(storage, link, keep, progress, None)
         check_link_header(m, link, self.header)
 
     def _open(
         self, storage: Storage, stored: StoredDelta, keep: Callable[[str], bool],
-        progress: Progress | None,
+        progress: Progress | None, expect: str | None,
     ) -> None:  # fmt: skip
-        header, data_start = read_remote_header(storage, stored, progress)
+        header, data_start = read_remote_header(storage, stored, progress, expect)
         self.header: Header = header
         chunks = [c for t in header.tensors if keep(t.name) for c in t.chunks if c.in_data]
         chunks.sort(key=lambda c: c.offset)
@@ -108,11 +108,12 @@ class RemoteDelta:
 
 
 class PartDelta(RemoteDelta):
-    """One part of a multi-part link read by ranges; the caller checks the set of parts
-    against the link (``parts.check_parts``)."""
+    """One part of a multi-part link read by ranges, its header checked against the digest
+    the manifest lists (MP-5, if it does); the caller checks the set of parts against the
+    link (``parts.check_parts``)."""
 
     def __init__(
         self, storage: Storage, part: LinkPart, keep: Callable[[str], bool],
         progress: Progress | None = None,
     ) -> None:  # fmt: skip
-        self._open(storage, part, keep, progress)
+        self._open(storage, part, keep, progress, part.header)
