@@ -9,9 +9,11 @@ then compare outcomes: if every rank reached the head, the version is
 yielded on every rank; if any rank failed, every rank that moved applies the
 links it applied backwards, from the very bytes it applied (kept until the
 ranks agree, never read from the store again), so the node stays at its
-version, and the poll is reported and retried.  Links the plan uses must be reversible for that
-(the reference writes reversible links); a plan through a link that is not
-is refused before anything is applied.
+version, and the poll is reported and retried.  Links the plan uses must be
+reversible for that (the reference writes reversible links); a plan through
+a link that is not is refused before anything is applied.  Rank 0 reads the
+head under the trust policy and the node's acceptance state (RD-1), which it
+keeps in a state file, as ``follow_weights`` does.
 """
 
 from __future__ import annotations

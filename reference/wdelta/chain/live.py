@@ -503,8 +503,8 @@ def follow_weights(
     ``state``: a file keeping the accepted head revision across restarts
     (RD-1, as ``pull``'s; with ``trust``, the newest trust root walked to is
     kept beside it too); None keeps the revision in memory only, and is
-    refused with ``trust`` (a restart would forget a revoking root rotation).  A head lower than
-    the accepted one, or a rewritten one, fails the poll (manifest-invalid,
+    refused with ``trust`` (a restart would forget a revoking root rotation).
+    A head lower than the accepted one, or a rewritten one, fails the poll (manifest-invalid,
     reported and retried like any failure); ``accept_rollback`` accepts the
     first head whatever it is; ``allow_unsigned`` lets a follower without
     ``trust`` read on although ``state`` records signed revisions (else every

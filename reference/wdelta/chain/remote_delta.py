@@ -6,9 +6,10 @@ are read with ranged requests (consecutive blobs together, up to
 ``RANGE_WINDOW`` bytes) and nothing else of the link is downloaded.  The
 header digest is checked and the header must name the link's versions; every
 blob read is checked against its checksum before it is decompressed, as a
-local file's are, and kept until ``close``: an apply is undone from those bytes,
-never by reading the store again.  Blobs of other tensors are never read, so a damaged blob
-elsewhere in the link goes unnoticed here, as in a partial pull.
+local file's are, and kept until ``close``: an apply is undone from those
+bytes, never by reading the store again.  Blobs of other tensors are never
+read, so a damaged blob elsewhere in the link goes unnoticed here, as in a
+partial pull.
 """
 
 from __future__ import annotations
