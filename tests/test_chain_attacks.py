@@ -315,7 +315,7 @@ def test_a_restarted_group_keeps_the_revocation(
                                              interval=0, group=rank, **more)  # fmt: skip
         return list(polls)
 
-    with pytest.raises(WdeltaError, match="needs state=FILE"):
+    with pytest.raises(WdeltaError, match="needs a state file"):
         follow(trust=t.root)
     assert follow(trust=t.root, state=state) == []  # nothing new; root 2 kept beside state
     root2.unlink()  # the attacker deletes the revocation and publishes with carol's key

@@ -148,7 +148,7 @@ def test_api_trust_on_pull_load_and_follow_weights(tmp_path: Path) -> None:
     s.publish()
     seen: list[str] = []
     fcache = chain.Chain(s.store, tmp_path / "fcache")
-    with pytest.raises(BadArgumentError, match="needs state=FILE"):  # else a restart forgets
+    with pytest.raises(BadArgumentError, match="needs a state file"):  # else a restart forgets
         next(chain.follow_weights(fcache, weights, at=1, trust=s.root, max_polls=1))
     follower = chain.follow_weights(
         fcache, weights, at=1, trust=s.root, state=tmp_path / "fstate.json", interval=0,

@@ -328,9 +328,9 @@ def needs_state(chain: Chain, state: PathLike | None) -> None:
     metadata persists), as ``pull`` does beside its checkpoint: it needs a state file."""
     if chain.trust is not None and state is None:
         raise BadArgumentError(
-            "a follower with a trust policy needs state=FILE, where it keeps the revision it "
-            "accepted and the trust roots it reached: without it a restart forgets a root "
-            "rotation that revoked a key, should the store delete it"
+            "a follower with a trust policy needs a state file (state), where it keeps the "
+            "revision it accepted and the trust roots it reached: without it a restart forgets "
+            "a root rotation that revoked a key, should the store delete it"
         )
 
 
