@@ -540,3 +540,45 @@ def test_a_group_that_fails_is_undone_from_the_bytes_applied(
         list(group_follow.follow_in_group(node, rank, at=0, group=ThreadRanks(1).group(0),
                                           tensors=PATTERN, max_polls=1, threads=1))  # fmt: skip
     assert all(rank[n].tobytes() == history[0][n].tobytes() for n in rank)
+
+
+class _LiesOnceAsked(_SecondReadLies):
+    """Truthful until a read of ``trigger``; from then on every delta read is a lie."""
+
+    def __init__(self, inner: Storage, trigger: str) -> None:
+        super().__init__(inner, broken=(trigger,))
+        self.trigger, self.lying = trigger, False
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        self.lying |= key == self.trigger
+        if self.lying and key.startswith("deltas/"):
+            self.broken = (*self.broken, key)
+        return super().read_range(key, start, length)
+
+
+def test_a_tensor_a_link_removed_comes_back_from_the_bytes_read_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Link 0->1 removes a.x; link 1->2 fails.  Undoing 0->1 brings a.x back from its
+    blobs, read (and kept) while 0->1 was applied: the store lies from the moment the
+    rank reads link 1->2, and nothing of 0->1 is read again (a.x's blobs are not in the
+    window of blobs read last, c.w's and d.w's: b.w, between them, is not selected)."""
+    from wdelta.chain import group_follow
+
+    store = LocalStorage(tmp_path / "store")
+    c = chain.Chain(store, cache=tmp_path / "cache")
+    v0 = {**_model(0), "a.x": _model(5)["d.w"]}  # its blobs too large to be inline
+    v1 = _stepped(_model(0), 1)
+    pub = chain.Publisher(c)
+    for step, w in enumerate([v0, v1, _stepped(v1, 2)]):
+        pub.publish(w, step=step)
+    lying = _LiesOnceAsked(store, c.head().links[-1].key)
+    monkeypatch.setattr(group_follow, "Group", ThreadRanks.adopt)
+    rank = {n: a.copy() for n, a in v0.items() if n != "b.w"}
+    node = chain.Chain(lying, cache=tmp_path / "node-cache")
+    with pytest.raises(WdeltaError):
+        list(group_follow.follow_in_group(node, rank, at=0, group=ThreadRanks(1).group(0),
+                                          tensors=f"a.x,{PATTERN}", max_polls=1,
+                                          threads=1))  # fmt: skip
+    assert lying.lies and sorted(rank) == sorted(set(v0) - {"b.w"})
+    assert all(rank[n].tobytes() == v0[n].tobytes() for n in rank)
