@@ -1,10 +1,12 @@
 """Helpers for the chain tests: training-like checkpoints, a loopback S3 server,
-a TCP proxy that cuts or slows connections, and a storage that fails on cue."""
+a TCP proxy that cuts or slows connections, a storage that fails on cue, and the ranks
+of a process group as threads."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import pickle
 import socket
 import threading
 import time
@@ -19,6 +21,7 @@ import pytest
 
 import kit
 from wdelta import chain
+from wdelta.chain import collective
 from wdelta.chain.storage.base import ObjectInfo, Progress, Storage
 from wdelta.errors import StorageError, WdeltaError
 
@@ -341,3 +344,59 @@ def assert_delete_then_not_found(st: Storage, key: str) -> None:
         with pytest.raises(WdeltaError) as info:
             call()
         assert info.value.category == "not-found"
+
+
+class ThreadRanks:
+    """The ranks of one process group as threads of this process, for code that takes a
+    ``collective.Group`` (no torch): ``group(rank)`` is rank ``rank``'s; pass it as
+    ``group=`` with the module's ``Group`` replaced by ``ThreadRanks.adopt``."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=60)
+        self.slots: list[Any] = [None] * world
+
+    def group(self, rank: int) -> collective.Group:
+        ranks = self
+
+        class _Group(collective.Group):
+            def __init__(self) -> None:  # no torch.distributed
+                self.group, self.doing, self.undone = None, "publishing", "nothing done"
+                self.rank, self.world = rank, ranks.world
+
+            def gather(self, outcome: collective.Outcome) -> list[collective.Outcome]:
+                return ranks._exchange(rank, outcome)
+
+            def broadcast(self, outcome: collective.Outcome | None) -> Any:
+                return ranks._exchange(rank, outcome)[0]
+
+        return _Group()
+
+    def _exchange(self, rank: int, value: Any) -> list[Any]:
+        self.slots[rank] = pickle.loads(pickle.dumps(value))  # what a process would receive
+        self.barrier.wait()
+        got = list(self.slots)
+        self.barrier.wait()
+        return got
+
+    @staticmethod
+    def adopt(group: collective.Group, doing: str, undone: str) -> collective.Group:
+        group.doing, group.undone = doing, undone
+        return group
+
+    def run(self, work: Callable[[int], Any]) -> list[Any]:
+        """``work(rank)`` on every rank at once; each rank's result or exception."""
+        out: list[Any] = [None] * self.world
+
+        def one(rank: int) -> None:
+            try:
+                out[rank] = work(rank)
+            except BaseException as exc:
+                out[rank] = exc
+
+        threads = [threading.Thread(target=one, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        return out

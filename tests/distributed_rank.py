@@ -134,11 +134,11 @@ def _fail_once(version: int) -> None:
     """The first application of a link to ``version`` raises (after the others applied)."""
     apply, failed = group_follow._apply_link, []
 
-    def failing(chain_: Any, m: Any, link: Any, *args: Any) -> None:
+    def failing(chain_: Any, m: Any, link: Any, *args: Any) -> Any:
         if link.target == version and not args[1] and not failed:
             failed.append(True)
             raise StorageError("injected download failure")
-        apply(chain_, m, link, *args)
+        return apply(chain_, m, link, *args)
 
     group_follow._apply_link = failing  # type: ignore[assignment]
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from chainkit import S3Server, Wrapped
+from chainkit import S3Server, ThreadRanks, Wrapped
 from signkit import FAR, PAST, Signed, forged_root, key, root_file, signed_chain
 from wdelta import chain
-from wdelta.chain import acceptance
+from wdelta.chain import acceptance, group_follow
 from wdelta.chain.manifest import revision_key
 from wdelta.chain.storage.base import Storage
 from wdelta.chain.storage.s3 import S3Storage
@@ -289,6 +289,40 @@ def test_in_memory_follower_keeps_the_revocation(tmp_path: Path) -> None:
                                  max_polls=1, interval=0.0)  # fmt: skip
     with pytest.raises(WdeltaError) as info:  # its first read of the head is refused
         list(polls)
+    assert info.value.category == "signature-invalid"
+    assert all((weights[n] == before[n]).all() for n in before)
+
+
+def test_a_restarted_group_keeps_the_revocation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """follow_in_group keeps the revision it accepted and the roots it reached in its
+    state file, as pull does: restarted after the store deleted the root that revoked
+    carol's key, the group refuses a version carol signed and keeps its weights.  (Before,
+    a group kept no trust state at all, and a restarted one accepted that version.)"""
+    monkeypatch.setattr(group_follow, "Group", ThreadRanks.adopt)
+    t = signed_chain(tmp_path, keys=["alice", "carol"], threshold=1, signers=["alice"])
+    root_file(t.tmp / "root2.json", "test/run", ["alice"], previous=chain.read_root_file(t.root))
+    root2 = t.store / "trust" / "root-000000000002.json"
+    root2.write_bytes((t.tmp / "root2.json").read_bytes())
+    state = tmp_path / "group" / "state.json"
+    state.parent.mkdir()
+    weights, _ = chain.load(t.node_chain(), trust=t.root, state=state)
+
+    def follow(**more: Any) -> list[chain.Version]:
+        rank = ThreadRanks(1).group(0)
+        polls = group_follow.follow_in_group(t.node_chain(), weights, at=1, max_polls=1,
+                                             interval=0, group=rank, **more)  # fmt: skip
+        return list(polls)
+
+    with pytest.raises(WdeltaError, match="needs a state file"):
+        follow(trust=t.root)
+    assert follow(trust=t.root, state=state) == []  # nothing new; root 2 kept beside state
+    root2.unlink()  # the attacker deletes the revocation and publishes with carol's key
+    t.publish(signers=["carol"])
+    before = {n: w.copy() for n, w in weights.items()}
+    with pytest.raises(WdeltaError) as info:
+        follow(trust=t.root, state=state)
     assert info.value.category == "signature-invalid"
     assert all((weights[n] == before[n]).all() for n in before)
 

@@ -15,13 +15,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from chainkit import S3Server, folder_history
+import wdelta
+from chainkit import S3Server, ThreadRanks, Wrapped, folder_history
 from signkit import Signed, key, root_file, signed_chain
 from wdelta import chain
 from wdelta.chain.manifest import revision_key
+from wdelta.chain.ops import append_parts
+from wdelta.chain.parts import mark_part, part_file
 from wdelta.chain.pull import work_dir
+from wdelta.chain.storage import LocalStorage
 from wdelta.chain.storage.base import Storage
 from wdelta.chain.store import file_digest
 from wdelta.chain.trust import read_root_file, root_key, signature_key
@@ -428,3 +433,152 @@ def test_an_hf_answer_longer_than_the_range_is_refused() -> None:
     with pytest.raises(WdeltaError) as info:
         st.read_range("obj", 0, 64)
     assert info.value.category == "io-error" and "obj" in str(info.value)
+
+
+# ------------------------------------------------- undo from memory, not a second read
+
+
+def _model(seed: int) -> dict[str, Any]:
+    """Tensors whose blobs are stored in the data section (too large to be inline)."""
+    rng = np.random.default_rng(seed)
+    return {
+        "a.w": rng.standard_normal((64, 40)).astype(np.float32),
+        "b.w": rng.standard_normal(4096).astype(np.float16),
+        "c.w": rng.standard_normal(1000).astype(np.float32),
+        "d.w": rng.standard_normal(500).astype(np.float32),
+    }
+
+
+def _stepped(w: dict[str, Any], seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    return {n: np.where(rng.random(a.shape) < 0.2, a + a.dtype.type(0.5), a) for n, a in w.items()}
+
+
+class _SecondReadLies(Wrapped):
+    """A store that answers the first read of each range of a delta truthfully and every
+    later read of it (or any read of a key in ``broken``) with one byte changed."""
+
+    def __init__(self, inner: Storage, broken: tuple[str, ...] = ()) -> None:
+        super().__init__(inner)
+        self.seen: set[tuple[str, int, int]] = set()
+        self.broken, self.lies = broken, 0
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        data = self.inner.read_range(key, start, length)
+        if not key.startswith("deltas/"):
+            return data
+        if (key, start, length) in self.seen or key in self.broken:
+            self.lies += 1
+            return data[:-1] + bytes([data[-1] ^ 1])
+        self.seen.add((key, start, length))
+        return data
+
+
+PATTERN = "a.w,c.w,d.w"  # b.w, between them, is not read: a.w and c.w are read apart
+
+
+def _rank_at(w: dict[str, Any]) -> dict[str, Any]:
+    """A rank's tensors, d.w not its version's: a link applies a.w and c.w, then fails."""
+    rank = {n: a.copy() for n, a in w.items() if n != "b.w"}
+    rank["d.w"][0] += 1
+    return rank
+
+
+@pytest.mark.parametrize("layout", ["single-file", "multi-part"])
+def test_a_failed_update_is_undone_from_the_bytes_applied(tmp_path: Path, layout: str) -> None:
+    """An in-memory follower reading its tensors by ranges applies a.w and c.w, then d.w
+    fails; undoing must not read a.w's blobs again (this store then answers other bytes):
+    before, the node was left with a.w new and c.w, d.w old."""
+    store = LocalStorage(tmp_path / "store")
+    c = chain.Chain(store, cache=tmp_path / "cache")
+    old, new = _model(0), _stepped(_model(0), 1)
+    chain.Publisher(c).publish(old, step=0)
+    if layout == "single-file":
+        chain.Publisher(c, previous=old).publish(new, step=1)
+    else:
+        files = []
+        for i, names in enumerate([["a.w", "b.w", "c.w"], ["d.w"]]):
+            raw, out = tmp_path / f"raw{i}", tmp_path / f"part{i}"
+            wdelta.diff({n: old[n] for n in names}, {n: new[n] for n in names}, raw)
+            mark_part(raw, out, i, 2, chain.weights_digest(old), chain.weights_digest(new))
+            files.append(part_file(out))
+            c.upload(files[-1].key, out, files[-1].digest, "blake3")
+        versions = (chain.weights_digest(old), chain.weights_digest(new))
+        append_parts(c, files, versions=versions, step=1)
+    rank = _rank_at(old)
+    before = {n: a.tobytes() for n, a in rank.items()}
+    lying = chain.Chain(_SecondReadLies(store), cache=tmp_path / "node-cache")
+    errors: list[WdeltaError] = []
+    got = chain.follow_weights(lying, rank, at=0, tensors=PATTERN, max_polls=1, threads=1,
+                               interval=0, on_error=lambda e, n: errors.append(e))  # fmt: skip
+    assert list(got) == []
+    assert {n: a.tobytes() for n, a in rank.items()} == before
+    assert [e.category for e in errors] == ["base-mismatch"], errors
+
+
+def test_a_group_that_fails_is_undone_from_the_bytes_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """follow_in_group applies link 0->1, link 1->2 fails (the store corrupts it): the
+    rank goes back to version 0 from the bytes of link 0->1 it holds.  Before, it read
+    that link again (header and blobs), got other bytes and stayed at version 1."""
+    from wdelta.chain import group_follow
+
+    store = LocalStorage(tmp_path / "store")
+    c = chain.Chain(store, cache=tmp_path / "cache")
+    history = [_model(0)]
+    pub = chain.Publisher(c)
+    for step in range(3):
+        pub.publish(history[-1], step=step)
+        history.append(_stepped(history[-1], step + 1))
+    second = c.head().links[-1].key
+    lying = _SecondReadLies(store, broken=(second,))
+    monkeypatch.setattr(group_follow, "Group", ThreadRanks.adopt)
+    rank = {n: a.copy() for n, a in history[0].items() if n != "b.w"}
+    node = chain.Chain(lying, cache=tmp_path / "node-cache")
+    with pytest.raises(WdeltaError):
+        list(group_follow.follow_in_group(node, rank, at=0, group=ThreadRanks(1).group(0),
+                                          tensors=PATTERN, max_polls=1, threads=1))  # fmt: skip
+    assert all(rank[n].tobytes() == history[0][n].tobytes() for n in rank)
+
+
+class _LiesOnceAsked(_SecondReadLies):
+    """Truthful until a read of ``trigger``; from then on every delta read is a lie."""
+
+    def __init__(self, inner: Storage, trigger: str) -> None:
+        super().__init__(inner, broken=(trigger,))
+        self.trigger, self.lying = trigger, False
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        self.lying |= key == self.trigger
+        if self.lying and key.startswith("deltas/"):
+            self.broken = (*self.broken, key)
+        return super().read_range(key, start, length)
+
+
+def test_a_tensor_a_link_removed_comes_back_from_the_bytes_read_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Link 0->1 removes a.x; link 1->2 fails.  Undoing 0->1 brings a.x back from its
+    blobs, read (and kept) while 0->1 was applied: the store lies from the moment the
+    rank reads link 1->2, and nothing of 0->1 is read again (a.x's blobs are not in the
+    window of blobs read last, c.w's and d.w's: b.w, between them, is not selected)."""
+    from wdelta.chain import group_follow
+
+    store = LocalStorage(tmp_path / "store")
+    c = chain.Chain(store, cache=tmp_path / "cache")
+    v0 = {**_model(0), "a.x": _model(5)["d.w"]}  # its blobs too large to be inline
+    v1 = _stepped(_model(0), 1)
+    pub = chain.Publisher(c)
+    for step, w in enumerate([v0, v1, _stepped(v1, 2)]):
+        pub.publish(w, step=step)
+    lying = _LiesOnceAsked(store, c.head().links[-1].key)
+    monkeypatch.setattr(group_follow, "Group", ThreadRanks.adopt)
+    rank = {n: a.copy() for n, a in v0.items() if n != "b.w"}
+    node = chain.Chain(lying, cache=tmp_path / "node-cache")
+    with pytest.raises(WdeltaError):
+        list(group_follow.follow_in_group(node, rank, at=0, group=ThreadRanks(1).group(0),
+                                          tensors=f"a.x,{PATTERN}", max_polls=1,
+                                          threads=1))  # fmt: skip
+    assert lying.lies and sorted(rank) == sorted(set(v0) - {"b.w"})
+    assert all(rank[n].tobytes() == v0[n].tobytes() for n in rank)

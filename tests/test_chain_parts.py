@@ -22,11 +22,12 @@ from wdelta.chain.manifest import (
     revision_key,
 )
 from wdelta.chain.ops import append_parts, check_files
-from wdelta.chain.parts import mark_part
+from wdelta.chain.parts import mark_part, part_file
 from wdelta.chain.store import file_digest
 from wdelta.checkpoint.source import open_checkpoint
 from wdelta.errors import HeaderInvalidError, UnsupportedFeatureError
 from wdelta.format import schemas
+from wdelta.format.container import PREFIX_SIZE, pack_prefix, parse_prefix
 from wdelta.ops.summary import summarize
 
 
@@ -67,13 +68,17 @@ def part_files(
         raw, out = tmp / f"raw{i}.wdelta", tmp / f"part{i}.wdelta"
         wdelta.diff({n: old[n] for n in names}, {n: new[n] for n in names}, raw, overwrite=True)
         mark_part(raw, out, i, count or len(split), base, target)
-        digest = file_digest(out, "blake3")
-        c.upload(delta_key(digest), out, digest, "blake3")
-        files.append(LinkPart(digest, out.stat().st_size))
+        part = part_file(out)
+        c.upload(part.key, out, part.digest, "blake3")
+        files.append(part)
     return files
 
 
 SPLIT = [["a.weight", "d.norm"], ["b.weight", "c.bias"]]
+
+
+def link_of(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, str]:
+    return weights_digest(old), weights_digest(new)
 
 
 def published(tmp: Path, steps: int = 2) -> tuple[chain.Chain, list[dict[str, Any]]]:
@@ -82,7 +87,8 @@ def published(tmp: Path, steps: int = 2) -> tuple[chain.Chain, list[dict[str, An
     chain.Publisher(c).publish(history[0], step=0)
     for k in range(1, steps + 1):
         history.append(stepped(history[-1], k))
-        append_parts(c, part_files(c, tmp, history[-2], history[-1], SPLIT), step=k)
+        files = part_files(c, tmp, history[-2], history[-1], SPLIT)
+        append_parts(c, files, versions=link_of(history[-2], history[-1]), step=k)
     return c, history
 
 
@@ -119,7 +125,7 @@ def test_pull_full_and_partial(tmp_path: Path) -> None:
     c, history = published(tmp_path)
     m = c.head()
     assert m.links[-1].parts and json.loads(m.to_bytes())["required_features"] == [
-        "multi-part-links"
+        "multi-part-links", "part-header-digests"
     ]
     local = tmp_path / "node" / "model.safetensors"
     local.parent.mkdir()
@@ -175,14 +181,15 @@ def test_sets_that_are_not_the_link(tmp_path: Path) -> None:
     for name, split in cases.items():
         why = "two parts" if name == "overlapping" else "missing"
         with pytest.raises(ChainBrokenError, match=why):
-            append_parts(c, part_files(c, tmp_path, old, new, split), step=5)
+            append_parts(c, part_files(c, tmp_path, old, new, split), versions=link_of(old, new),
+                         step=5)  # fmt: skip
     other = stepped(new, 8)
     good = part_files(c, tmp_path, old, new, SPLIT)
     stray = part_files(c, tmp_path, new, other, SPLIT)  # a part of the next step
     with pytest.raises(ChainBrokenError, match="says it is"):
-        append_parts(c, [good[0], stray[1]], step=5)
+        append_parts(c, [good[0], stray[1]], versions=link_of(old, new), step=5)
     with pytest.raises(ChainBrokenError, match="says it is"):
-        append_parts(c, [good[1], good[0]], step=5)
+        append_parts(c, [good[1], good[0]], versions=link_of(old, new), step=5)
     assert c.head().revision == 2
 
 
@@ -200,6 +207,13 @@ def test_manifest_rules(tmp_path: Path) -> None:
     both["links"][0].update(digest="0" * 64, size=100)
     with pytest.raises(ManifestInvalidError, match="schema"):
         parse_manifest(json.dumps(both).encode())
+    no_headers = dict(doc, required_features=["multi-part-links"])  # MP-5, CH-8
+    with pytest.raises(ManifestInvalidError, match="part-header-digests"):
+        parse_manifest(json.dumps(no_headers).encode())
+    one_missing = json.loads(json.dumps(doc))
+    del one_missing["links"][0]["parts"][1]["header"]
+    with pytest.raises(ManifestInvalidError, match="has no header digest"):
+        parse_manifest(json.dumps(one_missing).encode())
     unknown = dict(doc, required_features=["multi-part-links", "x"])
     with pytest.raises(UnsupportedFeatureError):
         parse_manifest(json.dumps(unknown).encode())
@@ -212,6 +226,33 @@ def test_manifest_rules(tmp_path: Path) -> None:
     fresh = chain.Chain(c.storage, cache=tmp_path / "other-cache")
     with pytest.raises(wdelta.errors.ChecksumMismatchError):
         check_files(fresh, fresh.head())
+
+
+@pytest.mark.parametrize("reader", ["pull", "follow_weights"])
+def test_a_partial_reader_checks_each_part_header_against_the_manifest(
+    tmp_path: Path, reader: str
+) -> None:
+    """MP-5.  The store replaces a part by one of the same size whose header differs (one
+    character of its generator; the prefix's header digest made to match, the blobs
+    kept): a node reading its tensors by ranges refuses it, since its header is not the
+    one the signed manifest lists.  (Before, a partial reader checked a part's header only
+    against the digest in the same file, and applied whatever header the store served.)"""
+    c, history = published(tmp_path, steps=1)
+    path = tmp_path / "store" / c.head().links[0].parts[1].key
+    data = path.read_bytes()
+    n, _, d = parse_prefix(data[:PREFIX_SIZE], len(data))
+    header = data[PREFIX_SIZE : PREFIX_SIZE + n]
+    other = header.replace(b'"generator":"w', b'"generator":"W', 1)
+    assert other != header
+    path.write_bytes(pack_prefix(other, d) + other + data[PREFIX_SIZE + n :])
+    node = chain.Chain(c.storage, cache=tmp_path / "node-cache")
+    with pytest.raises(wdelta.errors.ChecksumMismatchError, match="not the part written"):
+        if reader == "pull":
+            chain.pull(node, tmp_path / "node.safetensors", tensors="b.*")
+        else:
+            rank = {n: a.copy() for n, a in history[0].items() if n.startswith("b.")}
+            list(chain.follow_weights(node, rank, at=0, tensors="b.*", max_polls=1,
+                                      max_failures=1, interval=0))  # fmt: skip
 
 
 def test_prune_keeps_parts_squash_refuses(tmp_path: Path) -> None:

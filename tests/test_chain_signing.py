@@ -147,8 +147,11 @@ def test_api_trust_on_pull_load_and_follow_weights(tmp_path: Path) -> None:
     assert v.number == 1
     s.publish()
     seen: list[str] = []
+    fcache = chain.Chain(s.store, tmp_path / "fcache")
+    with pytest.raises(BadArgumentError, match="needs a state file"):  # else a restart forgets
+        next(chain.follow_weights(fcache, weights, at=1, trust=s.root, max_polls=1))
     follower = chain.follow_weights(
-        chain.Chain(s.store, tmp_path / "fcache"), weights, at=1, trust=s.root, interval=0,
+        fcache, weights, at=1, trust=s.root, state=tmp_path / "fstate.json", interval=0,
         max_polls=2, backoff=(0.0, 0.0), on_error=lambda e, n: seen.append(e.category),
     )  # fmt: skip
     assert next(follower).number == 2

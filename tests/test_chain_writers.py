@@ -12,20 +12,27 @@ import pty
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from chainkit import Wrapped
+import wdelta
+from chainkit import ThreadRanks, Wrapped
 from signkit import FAR, PAST, Signed, key, root_file, signed_chain
 from wdelta import chain
-from wdelta.chain import signing
+from wdelta.chain import distributed, signing
 from wdelta.chain.local import digest_of_path
 from wdelta.chain.manifest import revision_key
+from wdelta.chain.storage import LocalStorage
 from wdelta.chain.storage.base import ObjectInfo, Storage
 from wdelta.chain.trust import Trust, signature_key
-from wdelta.errors import StorageError, WdeltaError
+from wdelta.checkpoint.source import open_checkpoint
+from wdelta.errors import ChecksumMismatchError, StorageError, WdeltaError
+from wdelta.format.container import PREFIX_SIZE, pack_prefix
 from wdelta.format.digest import digest_bytes
 from wdelta.limits import MAX_MANIFEST_BYTES
 
@@ -467,3 +474,132 @@ def test_cli_append_below_the_threshold_says_how_to_co_sign(tmp_path: Path) -> N
            new, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert s.pull().version.number == 2
+
+
+# ---------------------------------------------------------------- WS-7: sign what you computed
+
+
+def _shares(seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    return {
+        "a.w": rng.standard_normal((64, 40)).astype(np.float32),
+        "b.w": rng.standard_normal((64, 64)).astype(np.float16),
+        "c.w": rng.standard_normal(1000).astype(np.float32),
+        "d.w": np.ones(8, np.float32),
+    }
+
+
+def _step(w: dict[str, Any], seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    return {n: np.where(rng.random(a.shape) < 0.2, a + a.dtype.type(0.5), a) for n, a in w.items()}
+
+
+def _planted(old: dict[str, Any], k: int) -> dict[str, Any]:
+    """The attacker's weights: ``k`` words of each tensor changed."""
+    out = {}
+    for n, a in old.items():
+        flat = a.copy().reshape(-1)
+        flat[:k] += flat.dtype.type(3)
+        out[n] = flat.reshape(a.shape)
+    return out
+
+
+def _crafted(old: dict[str, Any], k: int, size: int, part: tuple[int, int, str, str],
+             tmp: Path) -> bytes | None:  # fmt: skip
+    """A part of exactly ``size`` bytes joining ``old`` to ``_planted(old, k)``, marked
+    as ``part``, padded with an ignored header member; None if no padding fits."""
+    raw = tmp / f"crafted-{part[0]}.wdelta"
+    wdelta.diff(old, _planted(old, k), raw, overwrite=True)
+    data = raw.read_bytes()
+    n = int.from_bytes(data[16:24], "little")
+    header, body = data[PREFIX_SIZE : PREFIX_SIZE + n].rstrip(b" "), data[PREFIX_SIZE + n :]
+    member = {"index": part[0], "count": part[1], "base": part[2], "target": part[3]}
+    text = header[:-1] + b',"part":' + json.dumps(member).encode() + b',"x":""}'
+    room = size - PREFIX_SIZE - len(body)
+    if room % 8 or room < len(text):
+        return None
+    text = text[:-2] + b"x" * (room - len(text)) + b'"}'
+    return pack_prefix(text, len(body)) + text + body
+
+
+class _SwapsParts(Wrapped):
+    """A store that, once the trainer's parts are uploaded and verified, replaces each
+    with a crafted part of the same size naming the attacker's weights (``planted``)."""
+
+    def __init__(self, inner: Storage, old: dict[str, Any], tmp: Path) -> None:
+        super().__init__(inner)
+        self.old, self.tmp = old, tmp
+        self.parts: list[tuple[str, int, Any]] = []
+        self.lock, self.planted = threading.Lock(), None
+
+    def put_file(self, key: str, path: Path, progress: Any = None) -> None:
+        self.inner.put_file(key, path, progress)
+        if key.startswith("deltas/"):
+            with wdelta.open_delta(path) as d:
+                if d.header.part is not None:
+                    self.parts.append((key, path.stat().st_size, d.header))
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        with self.lock:
+            if self.planted is None and any(key == p[0] for p in self.parts):
+                self._swap()
+        return self.inner.read_range(key, start, length)
+
+    def _swap(self) -> None:
+        ks: dict[str, int] = {}
+        crafted: dict[str, bytes | None] = {}
+        for name, size, h in self.parts:  # the fewest changes that pad to the genuine size
+            old = {t.name: self.old[t.name] for t in h.side_tensors("base")}
+            part = (h.part[0], h.part[1], h.part[2], "0" * 64)
+            ks[name] = next(k for k in range(1, 400) if _crafted(old, k, size, part, self.tmp))
+        self.planted: dict[str, Any] | None = {}
+        for name, _, h in self.parts:
+            names = [t.name for t in h.side_tensors("base")]
+            self.planted |= _planted({n: self.old[n] for n in names}, ks[name])
+        target = chain.weights_digest(self.planted)
+        for name, size, h in self.parts:
+            old = {t.name: self.old[t.name] for t in h.side_tensors("base")}
+            crafted[name] = _crafted(old, ks[name], size, (*h.part[:3], target), self.tmp)
+        for name, data in crafted.items():
+            assert data is not None and len(data) == dict((p[0], p[1]) for p in self.parts)[name]
+            (self.tmp / "swap").write_bytes(data)
+            self.inner.put_file(name, self.tmp / "swap")
+
+
+def test_a_trainer_signs_only_the_digests_its_ranks_computed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WS-7.  Two ranks publish a step as a two-part link; after both parts are uploaded
+    and verified, the store swaps each for a crafted part of the same size, whose
+    headers name the attacker's weights as the version.  Rank 0 takes the version's
+    digests from what the ranks exchanged and reads the headers back only to compare
+    them with the ones written: nothing is committed, and a node pulling every tensor
+    by ranges stays at the trainer's version.  (Before WS-7, rank 0 took the version
+    digest from the headers read back: the revision named the planted weights, and
+    ``pull --tensors '*'`` installed them.)"""
+    history = [_shares(0)]
+    history.append(_step(history[0], 1))
+    store = LocalStorage(tmp_path / "store")
+    hostile = _SwapsParts(store, history[0], tmp_path)
+    ranks = ThreadRanks(2)
+    monkeypatch.setattr(distributed, "Group", ThreadRanks.adopt)
+
+    def trainer(rank: int) -> chain.Manifest:
+        c = chain.Chain(hostile, cache=tmp_path / f"cache{rank}")
+        pub = distributed.DistributedPublisher(c, group=ranks.group(rank))
+        for step, w in enumerate(history):
+            m = pub.publish(distributed.share_of(w, rank, 2), step=step)
+        return m
+
+    got = ranks.run(trainer)
+    assert isinstance(got[0], ChecksumMismatchError), got
+    assert "not the part written" in str(got[0])
+    assert isinstance(got[1], StorageError) and "rank 0 failed" in str(got[1])
+    assert hostile.planted is not None  # the swap happened
+    c = chain.Chain(store)
+    assert c.head().revision == 1 and c.head().head.number == 0
+    node = tmp_path / "node" / "model.safetensors"
+    node.parent.mkdir()
+    assert chain.pull(chain.Chain(store), node, tensors="*").version.number == 0
+    with open_checkpoint(node) as ck:
+        assert set(ck.tensors) == set(history[0])

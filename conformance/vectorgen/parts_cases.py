@@ -1,5 +1,5 @@
 """Cases of multi-part links: the header member ``part`` (SPEC §4.13) for readers and
-decoders, and the manifest and store rules of SPEC §17.12 (CH-8, MP-4).
+decoders, and the manifest and store rules of SPEC §17.12 (CH-8, MP-4, MP-5).
 
 A part is an ordinary delta of its tensors, so a decoder applies it to the
 sub-checkpoint of those tensors; the set checks need the chain's files, so
@@ -33,7 +33,13 @@ MP4 = ("SPEC §17.12: MP-4 a reader checks a multi-part link's parts as a set (p
        "versions) → chain-broken; RD-3 a missing part → not-found")  # fmt: skip
 CH8 = ("SPEC §17.3: CH-8 a link with parts needs the feature multi-part-links; a part listed "
        "twice → manifest-invalid")  # fmt: skip
+MP5 = ("SPEC §17.12: MP-5 with the feature part-header-digests, each part's header digest (its "
+       "prefix's, and the BLAKE3 of its header bytes) is the one the manifest lists → "
+       "checksum-mismatch")  # fmt: skip
+CH8_HEADERS = ("SPEC §17.3: CH-8 a part listing its header digest needs the feature "
+               "part-header-digests, which needs every part's → manifest-invalid")  # fmt: skip
 FEATURE = "multi-part-links"
+HEADERS = "part-header-digests"
 PLAN = uniform(ChunkPlan("sparse", "xor", "zstd", RICE))
 
 
@@ -98,8 +104,10 @@ def _parts(split: list[list[str]], count: int | None = None,
     return files, digests[0], digests[1]
 
 
-def _chain(files: list[bytes], base: str, target: str, listed: list[int] | None = None) -> tuple[
-        dict[str, bytes], Doc]:  # fmt: skip
+def _chain(files: list[bytes], base: str, target: str, listed: list[int] | None = None,
+           headers: list[int] | None = None) -> tuple[dict[str, bytes], Doc]:  # fmt: skip
+    """The chain of one link of parts ``files`` (those in ``listed``, in its order); with
+    ``headers``, each part lists the header digest of the file at that index (MP-5)."""
     snapshot_ckpt, _, _ = _pair()
     ((snap_name, snap),) = snapshot_ckpt.file_bytes().items()
     stored = {f"snapshots/{sha256(snap)}/{snap_name}": snap}
@@ -108,12 +116,15 @@ def _chain(files: list[bytes], base: str, target: str, listed: list[int] | None 
         digest = blake3.blake3(data).hexdigest()
         stored[f"deltas/{digest}.wdelta"] = data
         parts.append({"digest": digest, "size": len(data)})
+    if headers is not None:
+        for part, i in zip(parts, headers, strict=True):
+            part["header"] = files[i][24:56].hex()  # the prefix's header digest (§3.2)
     parts = [parts[i] for i in (listed if listed is not None else range(len(parts)))]
     doc = manifest(2, [{"number": 0, "digest": base}, {"number": 1, "digest": target}],
                    [{"version": 0, "files": [{"name": snap_name, "sha256": sha256(snap),
                                               "size": len(snap)}]}],
                    [{"from": 0, "to": 1, "parts": parts, "reversible": True}])  # fmt: skip
-    doc["required_features"] = [FEATURE]
+    doc["required_features"] = [FEATURE] + ([HEADERS] if headers is not None else [])
     return stored, doc
 
 
@@ -153,6 +164,14 @@ def add_store_cases(suite: Suite) -> None:
     ]  # fmt: skip
     for name, what, (files, mdoc), expect in cases:
         store_case(suite, f"store/{name}", what, mdoc, files, expect, "§17.12", MP4)
+    headed = [
+        ("parts-header-digests-valid", "MP-5: both parts list their header digests",
+         _chain(good, base, target, headers=[0, 1]), accepted()),
+        ("parts-header-digest-differs", "MP-5: part 1 lists part 0's header digest",
+         _chain(good, base, target, headers=[0, 0]), invalid("checksum-mismatch")),
+    ]  # fmt: skip
+    for name, what, (files, mdoc), expect in headed:
+        store_case(suite, f"store/{name}", what, mdoc, files, expect, "§17.12", MP5)
 
 
 def _multi_part(doc: Doc) -> None:
@@ -162,6 +181,34 @@ def _multi_part(doc: Doc) -> None:
                      for i in range(2)]  # fmt: skip
     del link["digest"], link["size"]
     doc["required_features"] = [FEATURE]
+
+
+def _headed(doc: Doc) -> None:
+    """Every part lists a header digest; the feature part-header-digests listed."""
+    for i, part in enumerate(doc["links"][3]["parts"]):
+        part["header"] = blake3.blake3(f"h{i}".encode()).hexdigest()
+    doc["required_features"] = [FEATURE, HEADERS]
+
+
+def header_rule_cases() -> list[tuple[str, Doc, str, dict[str, Any]]]:
+    """(name, manifest, what, expect) of the manifest rules about part header digests."""
+    valid = typical()
+    _multi_part(valid)
+    _headed(valid)
+    no_feature, one_missing = copy.deepcopy(valid), copy.deepcopy(valid)
+    no_feature["required_features"] = [FEATURE]
+    del one_missing["links"][3]["parts"][1]["header"]
+    return [
+        ("valid/part-header-digests", valid,
+         "link 3 -> 4 of two parts listing their header digests, both features listed",
+         accepted()),
+        ("invalid/part-header-without-feature", no_feature,
+         "parts list header digests, part-header-digests not listed",
+         invalid("manifest-invalid")),
+        ("invalid/part-header-missing", one_missing,
+         "part-header-digests listed, the second part lists no header digest",
+         invalid("manifest-invalid")),
+    ]  # fmt: skip
 
 
 def rule_cases() -> list[tuple[str, Doc, str, dict[str, Any]]]:
@@ -195,3 +242,5 @@ def rule_cases() -> list[tuple[str, Doc, str, dict[str, Any]]]:
 def add_rule_cases(suite: Suite) -> None:
     for name, doc, what, expect in rule_cases():
         rule_case(suite, name, _text(doc), doc["revision"], what, CH8, expect)
+    for name, doc, what, expect in header_rule_cases():
+        rule_case(suite, name, _text(doc), doc["revision"], what, CH8_HEADERS, expect)

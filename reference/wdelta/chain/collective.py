@@ -62,6 +62,16 @@ class Group:
             raise StorageError(f"{self.doing} aborted, the process group failed: {exc}") from exc
         return got
 
+    def broadcast(self, outcome: Outcome | None) -> Any:
+        """Rank 0's ``outcome`` on every rank."""
+        box = [outcome]
+        src = 0 if self.group is None else int(self.dist.get_global_rank(self.group, 0))
+        try:
+            self.dist.broadcast_object_list(box, src=src, group=self.group)
+        except RuntimeError as exc:
+            raise StorageError(f"{self.doing} aborted, the process group failed: {exc}") from exc
+        return box[0]
+
     def agree(self, outcome: Outcome) -> list[Any]:
         """Every rank's value, or raise on every rank if any rank failed (this rank its
         own error, with its category; the others io-error naming the first that failed)."""
@@ -76,13 +86,7 @@ class Group:
 
     def from_rank0(self, outcome: Outcome | None) -> Any:
         """Rank 0's value on every rank (``outcome`` matters on rank 0 only)."""
-        box = [outcome]
-        src = 0 if self.group is None else int(self.dist.get_global_rank(self.group, 0))
-        try:
-            self.dist.broadcast_object_list(box, src=src, group=self.group)
-        except RuntimeError as exc:
-            raise StorageError(f"{self.doing} aborted, the process group failed: {exc}") from exc
-        result = box[0]
+        result = self.broadcast(outcome)
         assert isinstance(result, Outcome)
         if outcome is not None and outcome.raised is not None:
             raise outcome.raised

@@ -6,8 +6,10 @@ step every rank encodes the delta of its share against its own previous copy
 and uploads it as one part of a multi-part link (SPEC §17.12); the ranks
 exchange only names, dtypes, shapes and 32-byte tensor digests, from which
 every rank computes the whole version's checkpoint digest (§9.4); rank 0
-reads the parts' headers back, checks them as a set and creates the manifest
-revision (signed as the chain is configured).  Version 0 is a sharded
+creates the manifest revision (signed as the chain is configured) from those
+digests and the parts' digests the ranks computed, never from what storage
+returns (WS-7): it reads the parts' headers back only to check that they are
+the ones the ranks wrote and form that link.  Version 0 is a sharded
 snapshot, one shard per rank, plus an index rank 0 writes.
 
 Failure: the ranks agree through the group after encoding and after
@@ -54,13 +56,12 @@ from .manifest import (
     Snapshot,
     SnapshotFile,
     Version,
-    delta_key,
     new_manifest,
     parse_manifest,
     utc_now,
 )
 from .ops import AppendOptions, _appending, append_parts
-from .parts import mark_part
+from .parts import mark_part, part_file
 from .store import Chain, as_chain, file_digest
 
 Ids = list[tuple[str, str, tuple[int, ...], str]]
@@ -250,27 +251,31 @@ class DistributedPublisher:
 
     def _upload_part(
         self, raw: Path, out: Path, holders: list[int], base: str, target: str
-    ) -> tuple[str, int, bool]:
+    ) -> tuple[LinkPart, bool]:
         """Store this rank's part (its delta marked as part i of n; a link of one part is
-        the delta itself, MP-1); (digest, size, reversible)."""
+        the delta itself, MP-1); its entry (digests computed here) and reversible flag."""
         if len(holders) == 1:
             out = raw
         else:
             mark_part(raw, out, holders.index(self.rank), len(holders), base, target)
-        digest = file_digest(out, "blake3")
-        self.chain.upload(delta_key(digest), out, digest, "blake3")
+        part = part_file(out)
+        self.chain.upload(part.key, out, part.digest, "blake3")
         with open_delta(out) as d:
-            return digest, out.stat().st_size, d.header.reversible
+            return part, d.header.reversible
 
     def _commit(
-        self, uploaded: list[tuple[str, int, bool]], base: str, target: str, step: int | None,
+        self, uploaded: list[tuple[LinkPart, bool]], base: str, target: str, step: int | None,
         metadata: Mapping[str, str] | None, snap: Snapshot | None,
     ) -> bytes:  # fmt: skip
+        """Rank 0 creates the revision from what the ranks computed and exchanged: the
+        version digests ``base``/``target`` and each part's digests (WS-7)."""
         if len(uploaded) > 1:
-            files = [LinkPart(d, s) for d, s, _ in uploaded]
-            m = append_parts(self.chain, files, step=step, metadata=metadata, snapshot=snap)
+            files = [p for p, _ in uploaded]
+            m = append_parts(self.chain, files, versions=(base, target), step=step,
+                             metadata=metadata, snapshot=snap)  # fmt: skip
             return m.to_bytes()
-        ((digest, size, reversible),) = uploaded
+        ((part, reversible),) = uploaded
+        digest, size = part.digest, part.size
 
         def link_of(source: int, target: int) -> Link:
             return Link(source, target, digest, size, reversible)

@@ -324,6 +324,17 @@ def _keep_roots(chain: Chain, state: PathLike | None) -> None:
     keep_roots_beside(chain.trust, chain.storage, beside)
 
 
+def needs_state(chain: Chain, state: PathLike | None) -> None:
+    """A follower with a trust policy keeps what it trusted across restarts (TUF: trusted
+    metadata persists), as ``pull`` does beside its checkpoint: it needs a state file."""
+    if chain.trust is not None and state is None:
+        raise BadArgumentError(
+            "a follower with a trust policy needs a state file (state), where it keeps the "
+            "revision it accepted and the trust roots it reached: without it a restart forgets "
+            "a root rotation that revoked a key, should the store delete it"
+        )
+
+
 def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partial: bool) -> int:
     """The number of the weights' version; a number pruned from the manifest is kept
     (the node then jumps to the head, see :func:`_jump`)."""
@@ -363,8 +374,9 @@ def _advance(
         for hop in plan[1]:
             link = hop.link
             assert link is not None
-            evicting(chain, link.files, functools.partial(
+            applied = evicting(chain, link.files, functools.partial(
                 _apply_link, chain, m, link, weights, hop.reverse, tensors, threads))  # fmt: skip
+            applied.close()
             yield m.version(hop.version)
     tracker.accept(chain, m, digest)
     return m
@@ -393,23 +405,50 @@ def _jump(
     return version
 
 
+@dataclass
+class Applied:
+    """A link applied in place, with the deltas it applied still open (the blobs ranged
+    reads took are kept, ``RemoteDelta``): undone from bytes the node holds, never by
+    reading the store again.  ``close`` once the version it reached is accepted."""
+
+    deltas: list[Any]
+    reverse: bool
+    keep: Callable[[str], bool]
+    threads: int
+
+    def undo(self, weights: MutableMapping[str, Any]) -> None:
+        for d in reversed(self.deltas):
+            parts.apply_part(weights, d, not self.reverse, self.keep, self.threads)
+
+    def close(self) -> None:
+        for d in self.deltas:
+            d.close()
+
+
 def _apply_link(
     chain: Chain, m: Manifest, link: Link, weights: MutableMapping[str, Any], reverse: bool,
     tensors: Select, threads: int,
-) -> None:  # fmt: skip
+) -> Applied:  # fmt: skip
     """Apply one link in place: from the cache or a whole download, or, for a partial
     mapping and a link not cached, from ranged reads of its header and selected blobs."""
+    keep = live.selector(tensors)
     if link.parts:
-        keep = live.selector(tensors)
-        parts.apply_in_memory(chain, m, link, weights, reverse, keep, tensors is not None, threads)
-        return
+        deltas = parts.apply_in_memory(chain, m, link, weights, reverse, keep,
+                                       tensors is not None, threads)  # fmt: skip
+        return Applied(deltas, reverse, keep, threads)
     if tensors is None or chain.is_cached(link.digest):
-        delta = fetch_link(chain, m, link)
-        apply_inplace(weights, delta, reverse, threads=threads, tensors=tensors)
-        return
-    remote = RemoteDelta(chain.storage, m, link, live.selector(tensors))
-    apply_opened(weights, remote, reverse, verify_output=True, verify_input=False,
-                 threads=threads, tensors=tensors)  # fmt: skip
+        d: Any = open_delta(fetch_link(chain, m, link))
+    else:
+        d = RemoteDelta(chain.storage, m, link, keep)
+    try:
+        if isinstance(d, RemoteDelta):
+            d.hold_removed(reverse)
+        apply_opened(weights, d, reverse, verify_output=True, verify_input=False,
+                     threads=threads, tensors=tensors)  # fmt: skip
+    except BaseException:
+        d.close()
+        raise
+    return Applied([d], reverse, keep, threads)
 
 
 def follow_weights(
@@ -467,8 +506,9 @@ def follow_weights(
 
     ``state``: a file keeping the accepted head revision across restarts
     (RD-1, as ``pull``'s; with ``trust``, the newest trust root walked to is
-    kept beside it too); None keeps both in memory only.  A head lower than
-    the accepted one, or a rewritten one, fails the poll (manifest-invalid,
+    kept beside it too); None keeps the revision in memory only, and is
+    refused with ``trust`` (a restart would forget a revoking root rotation).
+    A head lower than the accepted one, or a rewritten one, fails the poll (manifest-invalid,
     reported and retried like any failure); ``accept_rollback`` accepts the
     first head whatever it is; ``allow_unsigned`` lets a follower without
     ``trust`` read on although ``state`` records signed revisions (else every
@@ -487,6 +527,7 @@ def follow_weights(
     max_age = check_max_age(max_age)
     if chain.cache is None:
         raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
+    needs_state(chain, state)
     tracker = Tracker(state, accept_rollback, allow_unsigned)
     _keep_roots(chain, state)
     f = _Follower(chain, weights, tracker, tensors, threads, max_age, bool(recover))

@@ -38,7 +38,10 @@ FORMAT = "wdelta-chain"
 MANIFEST_VERSION = CHAIN_MANIFEST_VERSION
 # A manifest with a link of several delta files lists this feature (SPEC §17.12).
 MULTI_PART = "multi-part-links"
-KNOWN_FEATURES: frozenset[str] = frozenset({MULTI_PART})
+# A manifest whose parts list their header digests lists this feature (SPEC §17.12 MP-5):
+# readers must check them, so a reader that cannot refuses the revision.
+PART_HEADERS = "part-header-digests"
+KNOWN_FEATURES: frozenset[str] = frozenset({MULTI_PART, PART_HEADERS})
 MANIFEST_PREFIX = "manifests/"
 _REV_DIGITS = 12
 # Shorter references are version numbers; a digest prefix this long is
@@ -85,10 +88,12 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class LinkPart:
-    """One delta file of a link: BLAKE3 ``digest`` of its bytes and ``size``."""
+    """One delta file of a link: BLAKE3 ``digest`` of its bytes and ``size``; ``header``
+    the BLAKE3 of its header bytes (prefix bytes 24-55), as its writer computed it."""
 
     digest: str
     size: int
+    header: str | None = None
 
     @property
     def key(self) -> str:
@@ -197,7 +202,9 @@ class Manifest:
         parent = (
             None if self.parent is None else {"revision": self.parent[0], "digest": self.parent[1]}
         )
-        features = [MULTI_PART] if any(k.parts for k in self.links) else []
+        parts = [p for k in self.links for p in k.parts]
+        features = [MULTI_PART] if parts else []
+        features += [PART_HEADERS] if any(p.header is not None for p in parts) else []
         doc: dict[str, Any] = {
             "format": FORMAT, "version": MANIFEST_VERSION, "required_features": features,
             "generator": f"wdelta-py/{__version__}", "revision": self.revision, "parent": parent,
@@ -229,14 +236,15 @@ def _link_json(k: Link) -> dict[str, Any]:
     if not k.parts:
         return {"from": k.source, "to": k.target, "digest": k.digest, "size": k.size,
                 "reversible": k.reversible}  # fmt: skip
-    parts = [{"digest": p.digest, "size": p.size} for p in k.parts]
+    parts = [{"digest": p.digest, "size": p.size} | ({} if p.header is None else
+             {"header": p.header}) for p in k.parts]  # fmt: skip
     return {"from": k.source, "to": k.target, "parts": parts, "reversible": k.reversible}
 
 
 def _parse_link(k: dict[str, Any]) -> Link:
     if "parts" not in k:
         return Link(k["from"], k["to"], k["digest"], k["size"], k["reversible"])
-    parts = tuple(LinkPart(p["digest"], p["size"]) for p in k["parts"])
+    parts = tuple(LinkPart(p["digest"], p["size"], p.get("header")) for p in k["parts"])
     return multi_part_link(k["from"], k["to"], parts, k["reversible"])
 
 
@@ -303,8 +311,7 @@ def parse_manifest(data: bytes, *, expected_revision: int | None = None) -> Mani
             f"file of revision {expected_revision} holds revision {m.revision}"
         )
     _check_parent(m)
-    if any(k.parts for k in m.links) and MULTI_PART not in raw["required_features"]:
-        raise ManifestInvalidError(f"a link has parts but required_features lacks {MULTI_PART!r}")
+    _check_features(m, raw["required_features"])
     _check_versions(m.versions)
     _check_snapshots(m)
     _check_links(m)
@@ -312,6 +319,21 @@ def parse_manifest(data: bytes, *, expected_revision: int | None = None) -> Mani
     if unreachable:
         raise ChainBrokenError(f"versions {unreachable[:5]} cannot be reached from any snapshot")
     return m
+
+
+def _check_features(m: Manifest, features: list[str]) -> None:
+    """CH-8: parts need ``multi-part-links``; header digests of parts ``part-header-digests``,
+    which then every part lists (a reader must be able to check each part's header)."""
+    parts = [p for k in m.links for p in k.parts]
+    if parts and MULTI_PART not in features:
+        raise ManifestInvalidError(f"a link has parts but required_features lacks {MULTI_PART!r}")
+    headers = [p.header is not None for p in parts]
+    if any(headers) and PART_HEADERS not in features:
+        raise ManifestInvalidError(
+            f"a part lists its header digest but required_features lacks {PART_HEADERS!r}"
+        )
+    if PART_HEADERS in features and not all(headers):
+        raise ManifestInvalidError(f"{PART_HEADERS!r} is required but a part has no header digest")
 
 
 def _check_parent(m: Manifest) -> None:

@@ -17,10 +17,10 @@ host memory, diffed against the weights and applied in place (``jump``;
 All or nothing.  A full mapping's move downloads every file first, so a
 network failure leaves the weights untouched.  Each link is applied all or
 nothing (``apply_inplace``); if one after the first fails, the links already
-applied are undone in reverse order from the verified files in the cache
-(no new read), and the error raised.  Should undoing be impossible (a link
-that is not reversible, a partial mapping reading uncached links by ranges)
-the error says which version the weights are at.
+applied are undone in reverse order from the bytes they applied (the cached
+files, or the blobs a partial mapping's ranged reads kept: never a new read),
+and the error raised.  Should undoing be impossible (a link that is not
+reversible) the error says so.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from .acceptance import Tracker
 from .errors import ChainBrokenError
 from .fetch import check_link_header, evicting
 from .freshness import check_fresh, check_max_age
-from .live import _apply_link, _keep_roots, _start, load
+from .live import Applied, _apply_link, _keep_roots, _start, load
 from .manifest import Link, Manifest, Version
 from .partial import read_remote_header
 from .pull import hop_files
@@ -262,52 +262,55 @@ def _move(
     assert chain.cache is not None
     keep = live_tensors.selector(tensors)
     changed: set[str] = set()
+    applied: list[tuple[Link, Applied]] = []
     with cachegc.pin(chain.cache, {d for hop in hops for d in hop_files(hop)}):
         if tensors is None:
             _download(chain, hops, count)
-        done: list[graph.Hop] = []
-        for hop in hops:
-            link = hop.link
-            assert link is not None
-            apply = functools.partial(_apply_hop, chain, m, link, weights, hop.reverse,
-                                      tensors, threads)  # fmt: skip
-            try:
-                names = {n for n in evicting(chain, link.files, apply) if keep(n)}
-            except WdeltaError as exc:
-                _undo(chain, m, done, weights, tensors, threads, exc)
-                raise
-            done.append(hop)
-            changed |= names
-            if count.on_link is not None:
-                count.on_link(m.version(hop.version), frozenset(names))
+        try:
+            for hop in hops:
+                link = hop.link
+                assert link is not None
+                apply = functools.partial(_apply_hop, chain, m, link, weights, hop.reverse,
+                                          tensors, threads)  # fmt: skip
+                try:
+                    names, done = evicting(chain, link.files, apply)
+                except WdeltaError as exc:
+                    _undo(applied, weights, exc)
+                    raise
+                applied.append((link, done))
+                names = {n for n in names if keep(n)}
+                changed |= names
+                if count.on_link is not None:
+                    count.on_link(m.version(hop.version), frozenset(names))
+        finally:
+            for _, done in applied:
+                done.close()
     return changed
 
 
 def _apply_hop(
     chain: Chain, m: Manifest, link: Link, weights: MutableMapping[str, Any], reverse: bool,
     tensors: Select, threads: int,
-) -> set[str]:  # fmt: skip
-    """Apply ``link`` in place (all or nothing); the names it changes or adds."""
+) -> tuple[set[str], Applied]:  # fmt: skip
+    """Apply ``link`` in place (all or nothing); the names it changes or adds, and the
+    link applied (kept open: its bytes undo it)."""
     changed = link_changes(chain, m, link, reverse)
-    _apply_link(chain, m, link, weights, reverse, tensors, threads)
-    return changed
+    return changed, _apply_link(chain, m, link, weights, reverse, tensors, threads)
 
 
-def _undo(
-    chain: Chain, m: Manifest, done: list[graph.Hop], weights: MutableMapping[str, Any],
-    tensors: Select, threads: int, exc: WdeltaError,
-) -> None:  # fmt: skip
-    """Undo the applied ``done`` hops, newest first, from cached files only; if that is
-    impossible, note on ``exc`` the version the weights are at."""
-    if not done:
+def _undo(applied: list[tuple[Link, Applied]], weights: MutableMapping[str, Any],
+          exc: WdeltaError) -> None:  # fmt: skip
+    """Undo the ``applied`` links, newest first, from the bytes each applied (never a new
+    read, SPEC §15); if one is not reversible, note on ``exc`` the version the weights
+    are at."""
+    if not applied:
         return
-    links = [hop.link for hop in done if hop.link is not None]
-    if all(k.reversible and all(chain.is_cached(f.digest) for f in k.files) for k in links):
-        for hop, link in zip(reversed(done), reversed(links), strict=True):
-            _apply_link(chain, m, link, weights, not hop.reverse, tensors, threads)
+    if all(link.reversible for link, _ in applied):
+        for _, done in reversed(applied):
+            done.undo(weights)
         return
-    exc.message = (f"{exc}; the weights are at version {done[-1].version} (the links applied "
-                   "before could not be undone from the cache)")  # fmt: skip
+    exc.message = (f"{exc}; the weights are at the version a non-reversible link "
+                   "applied before reached (it cannot be undone)")  # fmt: skip
     exc.args = (exc.message,)
 
 

@@ -171,30 +171,33 @@ HEADER_READERS = 32
 
 
 def append_parts(
-    chain: Chain | PathLike, files: Sequence[LinkPart], *, step: int | None = None,
-    metadata: Mapping[str, str] | None = None, snapshot: Snapshot | None = None,
+    chain: Chain | PathLike, files: Sequence[LinkPart], *, versions: tuple[str, str],
+    step: int | None = None, metadata: Mapping[str, str] | None = None,
+    snapshot: Snapshot | None = None,
 ) -> Manifest:  # fmt: skip
     """Publish the next version as a multi-part link (SPEC §17.12) whose parts ``files``
-    (in part order) are already stored and verified (WR-1); their headers are read
-    back and checked as a set before the revision is created, so a link that a reader
-    would refuse is never published.  ``snapshot``: the new version's files, already
-    stored (its version number is set on publishing)."""
+    (in part order, each with its ``header`` digest: ``parts.part_file``) are already
+    stored and verified (WR-1).  ``versions``: the link's base and target checkpoint
+    digests as this writer computed them (§9.4, from its ranks' tensor digests).  The
+    revision takes its digests from these, never from storage (WS-7): the parts'
+    headers are read back and must be the ones written (checksum-mismatch) and form
+    the link ``versions`` (chain-broken), else nothing is published.  ``snapshot``:
+    the new version's files, already stored (its version number is set on publishing)."""
     _check_version_fields(step, metadata)
     chain = as_chain(chain)
     if len(files) < 2:
         raise BadArgumentError("a multi-part link has at least two parts")
+    if any(f.header is None for f in files):
+        raise BadArgumentError("every part needs the digest of the header written (part_file)")
     with ThreadPoolExecutor(min(len(files), HEADER_READERS)) as pool:  # latency-bound
-        headers = list(pool.map(lambda f: read_remote_header(chain.storage, f)[0], files))
-    first = headers[0].part
-    if first is None:
-        raise ChainBrokenError(f"delta {files[0].digest[:16]} is not a part of a link")
-    src, dst = first[2], first[3]
+        headers = list(pool.map(lambda f: read_remote_header(chain.storage, f, None, f.header)[0],
+                                files))  # fmt: skip
     reversible = all(h.reversible for h in headers)
-    check_part_set(headers, (src, dst), reversible, "the new link")
-    if chain.head().by_digest(src) is None:
+    check_part_set(headers, versions, reversible, "the new link")
+    if chain.head().by_digest(versions[0]) is None:
         raise BaseMismatchError("the base of the parts is not a version of the chain")
     link_of = partial(multi_part_link, parts=tuple(files), reversible=reversible)
-    return chain.publish(_appending(src, dst, step, metadata, link_of, snapshot))
+    return chain.publish(_appending(*versions, step, metadata, link_of, snapshot))
 
 
 def log_rows(m: Manifest) -> list[dict[str, Any]]:

@@ -60,14 +60,22 @@ class StoredDelta(Protocol):
 
 
 def read_remote_header(
-    storage: Storage, link: StoredDelta, progress: Progress | None = None
-) -> tuple[Header, int]:
-    """The validated header of a stored delta and its data section's offset."""
+    storage: Storage, link: StoredDelta, progress: Progress | None = None,
+    expect: str | None = None,
+) -> tuple[Header, int]:  # fmt: skip
+    """The validated header of a stored delta and its data section's offset; with
+    ``expect``, the hex BLAKE3 its header must have (a digest from signed data or the
+    writer's own computation, not the one in the same file) → checksum-mismatch."""
     about_file = (DeltaFormatError, LimitExceededError, UnsupportedFeatureError,
                   UnsupportedVersionError)  # fmt: skip
     with naming(f"{storage.url.rstrip('/')}/{link.key}", *about_file):
         prefix = storage.read_range(link.key, 0, PREFIX_SIZE)
         n, digest, d = parse_prefix(prefix, link.size)
+        if expect is not None and digest.hex() != expect:
+            raise ChecksumMismatchError(
+                f"{link.key}: its header digest {digest.hex()[:16]} is not {expect[:16]}, "
+                "the one listed for it: not the part written"
+            )
         header_bytes = storage.read_range(link.key, PREFIX_SIZE, n)
         if progress is not None:
             progress(PREFIX_SIZE + n)

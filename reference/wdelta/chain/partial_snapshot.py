@@ -67,7 +67,7 @@ def _link_headers(
         header, _ = read_remote_header(storage, link, progress)
         check_link_header(m, link, header)
         return [header]
-    headers = [read_remote_header(storage, p, progress)[0] for p in link.parts]
+    headers = [read_remote_header(storage, p, progress, p.header)[0] for p in link.parts]
     check_parts(m, link, headers)
     return headers
 

@@ -27,7 +27,7 @@ from typing import Any
 from ..checkpoint.safetensors_header import build_header
 from ..checkpoint.source import open_checkpoint
 from ..errors import BaseMismatchError, StorageError
-from ..format.container import PREFIX_SIZE, open_delta, pack_prefix
+from ..format.container import PREFIX_SIZE, open_delta, pack_prefix, parse_prefix
 from ..format.digest import checkpoint_digest, new_hasher
 from ..format.header import Header
 from ..io.atomic import atomic_file
@@ -37,12 +37,12 @@ from ..ops.inplace import apply_opened
 from .errors import ChainBrokenError
 from .fetch import fetch_link
 from .local import READ_ELEMENTS, TENSORS_KEY, VERSION_KEY
-from .manifest import Link, Manifest
+from .manifest import Link, LinkPart, Manifest
 from .partial import Blobs, _apply_tensor, matches, read_remote_header
-from .remote_delta import PartDelta
+from .remote_delta import PartDelta, RemoteDelta
 from .storage.base import Progress, Storage
 from .storage.local import LocalStorage
-from .store import Chain
+from .store import Chain, file_digest
 
 _COPY_BLOCK = 1 << 22
 
@@ -68,6 +68,18 @@ def mark_part(delta: Path, out: Path, index: int, count: int, base: str, target:
                 at += len(block)
     except OSError as exc:
         raise StorageError(f"cannot write part {index} of {delta} to {out}: {exc}") from exc
+
+
+def part_file(path: Path) -> LinkPart:
+    """The manifest entry of a part this writer encoded: BLAKE3 of its bytes, its size and
+    its header's BLAKE3, all computed from the local file (WS-7: never from storage)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            header = parse_prefix(f.read(PREFIX_SIZE), size)[1].hex()
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc}") from exc
+    return LinkPart(file_digest(path, "blake3"), size, header)
 
 
 def check_parts(m: Manifest, link: Link, headers: Sequence[Header]) -> None:
@@ -125,7 +137,7 @@ def _fetched(chain: Chain, m: Manifest, link: Link, progress: Progress | None) -
     for p in link.parts:
         path = chain.fetch(p.key, p.size, p.digest, "blake3", progress)
         local = LocalStorage(path.parent)
-        header, start = read_remote_header(local, _Local(path.name, p.size))
+        header, start = read_remote_header(local, _Local(path.name, p.size), None, p.header)
         sources.append(_Source(header, local, path.name, start, path))
     check_parts(m, link, [s.header for s in sources])
     return sources
@@ -143,7 +155,7 @@ def _remote(storage: Storage, m: Manifest, link: Link, progress: Progress | None
     """Every part's prefix and header by ranged reads (header digests checked)."""
     sources = []
     for p in link.parts:
-        header, start = read_remote_header(storage, p, progress)
+        header, start = read_remote_header(storage, p, progress, p.header)
         sources.append(_Source(header, storage, p.key, start))
     check_parts(m, link, [s.header for s in sources])
     return sources
@@ -220,9 +232,11 @@ def _check_input(tensor: Any, step: Step) -> None:
 def apply_in_memory(
     chain: Chain, m: Manifest, link: Link, weights: MutableMapping[str, Any], reverse: bool,
     keep: Callable[[str], bool], partial: bool, threads: int,
-) -> None:  # fmt: skip
+) -> list[Any]:  # fmt: skip
     """Apply a reversible multi-part link to ``weights`` in place, all or nothing: each
-    part to the tensors it holds; a failed part undoes the parts applied before it."""
+    part to the tensors it holds; a failed part undoes the parts applied before it.
+    Returns the parts applied, open (blobs read by ranges kept), so that the link can be
+    undone from them (``apply_part`` backwards) until the caller closes them."""
     if partial and not all(chain.is_cached(p.digest) for p in link.parts):
         deltas: list[Any] = [PartDelta(chain.storage, p, keep) for p in link.parts]
     else:
@@ -232,23 +246,26 @@ def apply_in_memory(
         done: list[Any] = []
         try:
             for d in deltas:
-                _apply_part(weights, d, reverse, keep, threads)
+                apply_part(weights, d, reverse, keep, threads)
                 done.append(d)
         except BaseException:
             for d in reversed(done):
-                _apply_part(weights, d, not reverse, keep, threads)
+                apply_part(weights, d, not reverse, keep, threads)
             raise
-    finally:
+    except BaseException:
         for d in deltas:
-            if hasattr(d, "close"):
-                d.close()
+            d.close()
+        raise
+    return deltas
 
 
-def _apply_part(
+def apply_part(
     weights: MutableMapping[str, Any], d: Any, reverse: bool, keep: Callable[[str], bool],
     threads: int,
 ) -> None:  # fmt: skip
     """One part, on the sub-mapping of its input tensors; its structural changes copied back."""
+    if isinstance(d, RemoteDelta):
+        d.hold_removed(reverse)
     names = {t.name for t in d.header.side_tensors("target" if reverse else "base")}
     sub = {n: weights[n] for n in names if keep(n) and n in weights}
     before = set(sub)
