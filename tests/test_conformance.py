@@ -30,6 +30,7 @@ from wdelta.conformance import (
     Result,
     Templates,
     load,
+    of_version,
     report,
     run_all,
     select,
@@ -346,6 +347,35 @@ def test_cli_list_and_argument_errors(capsys: pytest.CaptureFixture[str]) -> Non
     assert capsys.readouterr().err.startswith("error: bad-argument:")
     with pytest.raises(BadArgumentError, match="lacks"):
         Templates({"decoder": "tool apply {base} {out}"})
+
+
+def test_suite_version_judges_against_an_older_suite(manifest: Manifest, tmp_path: Path) -> None:
+    """--suite-version N runs the cases suite N had (their 'since' at most N), through the
+    CLI, and the report says which version was judged; a version the suite lacks is refused."""
+    v6 = of_version(manifest, 6)
+    assert {c.since for c in v6} == {1, 2, 3, 4, 5, 6} and len(v6) < len(manifest.cases)
+    assert {c.id for c in manifest.cases if c.since == 7} >= {
+        "manifest/signed/key-id-not-its-key", "manifest/state/other-chain"}  # fmt: skip
+    base = [sys.executable, "-m", "wdelta", "conformance", "run", "--vectors", str(VECTORS)]
+    listed = subprocess.run([*base, "--suite-version", "6", "--list", "--filter",
+                             "manifest/state/*"], capture_output=True, text=True,
+                            check=True)  # fmt: skip
+    ids = {line.split("\t")[0] for line in listed.stdout.splitlines()}
+    assert ids == {c.id for c in v6 if c.id.startswith("manifest/state/")} and len(ids) == 9
+    report = tmp_path / "r.json"
+    run = subprocess.run([*base, "--suite-version", "6", "--filter", "manifest/state/signed-*",
+                          "--json-report", str(report)], capture_output=True,
+                         text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "judged against suite v6's cases" in run.stdout
+    data = json.loads(report.read_text())
+    assert data["suite"]["judged_version"] == 6 and data["suite"]["manifest_version"] == 7
+    assert schemas.violation("conformance-report", data) is None
+    for bad in ("8", "0"):
+        refused = subprocess.run([*base, "--suite-version", bad, "--list"], capture_output=True,
+                                 text=True)  # fmt: skip
+        assert refused.returncode == 2
+        assert refused.stderr.strip().splitlines()[-1].startswith("error: bad-argument:")
 
 
 class _AcceptsEverything:
