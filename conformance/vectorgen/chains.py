@@ -281,6 +281,31 @@ def _store_chain(edit: Callable[[Delta], None] | None = None) -> tuple[dict[str,
     return files, manifest(2, versions, snapshots, links)
 
 
+SHARD = "model-00001-of-00002.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+def _sharded_snapshot(defect: str) -> tuple[Doc, dict[str, bytes]]:
+    """The store chain whose snapshot of version 0 is one shard and an index, with a
+    ``defect``: ``missing-shard`` (the index names a second shard, not listed or stored) or
+    ``malformed-shard`` (the shard's safetensors header is not JSON)."""
+    files, doc = _store_chain()
+    b, _ = changed("chain", "w", "F32", (64,), 0.2)
+    listed = dict(ck.sharded([b], {"w": SHARD}).file_bytes())
+    if defect == "missing-shard":
+        weight_map = {"v": "model-00002-of-00002.safetensors", "w": SHARD}
+        listed[INDEX] = json.dumps({"metadata": {}, "weight_map": weight_map}).encode()
+    else:
+        listed[SHARD] = listed[SHARD][:8] + b"[" + listed[SHARD][9:]
+    files = {k: v for k, v in files.items() if not k.startswith("snapshots/")}
+    entries = []
+    for name, data in sorted(listed.items()):
+        files[f"snapshots/{sha256(data)}/{name}"] = data
+        entries.append({"name": name, "sha256": sha256(data), "size": len(data)})
+    doc["snapshots"][0]["files"] = entries
+    return doc, files
+
+
 def _zero_chunk_elements(delta: Delta) -> None:
     delta.doc["chunk_elements"] = 0
 
@@ -333,6 +358,14 @@ def add_store_cases(suite: Suite) -> None:
             "(chunk_elements 0): refused as the reader profile refuses it, not as chain-broken",
             _store_chain(_zero_chunk_elements)[1], _store_chain(_zero_chunk_elements)[0],
             invalid("header-invalid")),
+        "store/snapshot-index-names-missing-shard": (
+            "RD-2: the snapshot's index maps a tensor to a shard the snapshot does not list: "
+            "its files assemble into no checkpoint (§10.3)", *_sharded_snapshot("missing-shard"),
+            invalid("checkpoint-invalid")),
+        "store/snapshot-shard-malformed": (
+            "RD-2: the snapshot's shard (listed with its SHA-256) has a safetensors header that "
+            "is not JSON (§10.3)", *_sharded_snapshot("malformed-shard"),
+            invalid("checkpoint-invalid")),
         "store/snapshot-other-version": (
             "RD-2: version 0's snapshot holds version 1's checkpoint (its files match their "
             "SHA-256; the checkpoint digest is not version 0's)", *_snapshot_of_target(),

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..conformance import report
 from ..conformance.impl import Implementation, Reference, Templates
-from ..conformance.manifest import default_vectors, load
+from ..conformance.manifest import PROFILES, default_vectors, load
 from ..conformance.runner import Options, Result, of_version, run_all, select
 from ..errors import BadArgumentError
 from .options import Commands
@@ -51,8 +51,10 @@ TEMPLATE_OPTIONS = (
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``conformance run``."""
     for profile, flag, example in TEMPLATE_OPTIONS:
+        # The manifest-* templates are command lines of the one manifest profile.
+        what = "profile" if profile in PROFILES else "template of the manifest profile"
         p.add_argument(flag, dest=profile.replace("-", "_"), metavar="TEMPLATE",
-                       help=f"command for the {profile} profile, e.g. {example}")  # fmt: skip
+                       help=f"command for the {profile} {what}, e.g. {example}")  # fmt: skip
     p.add_argument(
         "--vectors",
         type=Path,
