@@ -456,3 +456,10 @@ def add_seen_cases(suite: Suite) -> None:
         seen_path = suite.blob(f"chain/seen-{name}/seen/{_key(seen_rev)}", seen)
         suite.add(f"manifest/seen/{name}", "manifest", what, "§17.6", SEEN_RULE,
                   {"manifest": path, "seen": seen_path}, expect)  # fmt: skip
+    # {seen} must be a valid revision under its key: revision 3 named as revision 2 breaks
+    # CH-4, and a reader's record it cannot read is a bad argument, not "nothing accepted".
+    path = suite.blob(f"chain/seen-not-a-revision/{_key(3)}", r3)
+    seen_path = suite.blob(f"chain/seen-not-a-revision/seen/{_key(2)}", r3)
+    suite.add("manifest/seen/not-a-revision", "manifest", "{seen} holds revision 3 under the "
+              "key of revision 2 (CH-4): not a revision the reader accepted", "§16.3",
+              SEEN_RULE, {"manifest": path, "seen": seen_path}, invalid("bad-argument"))
