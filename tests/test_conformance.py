@@ -349,6 +349,17 @@ def test_cli_list_and_argument_errors(capsys: pytest.CaptureFixture[str]) -> Non
         Templates({"decoder": "tool apply {base} {out}"})
 
 
+def test_every_case_records_the_suite_version_that_introduced_it(manifest: Manifest) -> None:
+    """'since' comes from vectorgen/since.json for the cases of suites 1 to 6 and is the
+    current version for the others; an id the suite no longer has must leave the table."""
+    table = json.loads((VECTORS / "vectorgen" / "since.json").read_text(encoding="utf-8"))
+    listed = {case_id: int(v) for v, ids in table.items() for case_id in ids}
+    newest = manifest.raw["manifest_version"]
+    assert set(listed) <= {c.id for c in manifest.cases}
+    assert max(listed.values()) < newest
+    assert all(c.since == listed.get(c.id, newest) for c in manifest.cases)
+
+
 def test_suite_version_judges_against_an_older_suite(manifest: Manifest, tmp_path: Path) -> None:
     """--suite-version N runs the cases suite N had (their 'since' at most N), through the
     CLI, and the report says which version was judged; a version the suite lacks is refused."""
