@@ -66,7 +66,9 @@ PROFILES = {
     "manifest": "reads a chain manifest revision ({manifest}, named by its key): accepts every "
     "valid one, refuses every one breaking CH-1..CH-9 with the required category; with the "
     "chain's files ({store}), refuses missing (RD-3) and disagreeing (RD-2) files; after a "
-    "revision it accepted ({seen}), refuses a lower, rewritten or forked revision (RD-1)",
+    "revision it accepted ({seen}), refuses a lower, rewritten or forked revision (RD-1); with a "
+    "trust root ({trust}) and a node's acceptance state ({state}), accepts and refuses revisions "
+    "as SG-1 to SG-10 of SPEC §17.11 say; one profile, run through six templates",
 }
 
 

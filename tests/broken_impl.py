@@ -20,7 +20,8 @@ coded values (SPEC §7.6.6) ``coded-no-level-cap`` (reads up to 255 levels),
 coded-values, the C2 of compact files without coded values); for inline blobs
 (SPEC §4.12) ``inline-ignored`` (knows the feature's name but never reads
 ``inline``) and ``inline-in-placement`` (places the data section's blobs as if
-inline ones were in it, §4.7).
+inline ones were in it, §4.7); ``no-digit-limit`` parses integers of any length
+(§4.1's 4300 digits).
 """
 
 from __future__ import annotations
@@ -256,6 +257,11 @@ def inline_in_placement() -> None:
 
 
 # Modes that patch the reference and then run it as it is.
+def no_digit_limit() -> None:
+    """Parse integers of any length (Python's own bound of 4300 digits lifted, §4.1)."""
+    sys.set_int_max_str_digits(0)
+
+
 PATCHES = {
     "ignore-checksums": ignore_checksums,
     "clamp-indices": clamp_indices,
@@ -268,6 +274,7 @@ PATCHES = {
     "compact-codec-zstd": compact_codec_zstd,
     "inline-ignored": inline_ignored,
     "inline-in-placement": inline_in_placement,
+    "no-digit-limit": no_digit_limit,
 }
 
 

@@ -30,6 +30,7 @@ from wdelta.conformance import (
     Result,
     Templates,
     load,
+    of_version,
     report,
     run_all,
     select,
@@ -239,6 +240,11 @@ BROKEN_CASES = {
         + ["reader/invalid/rice-remainder-padding-bit"],
         "accepted an invalid input", ["reader/valid/coded/widths"],
     ),
+    "no-digit-limit": (
+        ["*/invalid/json-number-4301-digits", "reader/valid/number-4300-digits"],
+        ["reader/invalid/json-number-4301-digits", "decoder/invalid/json-number-4301-digits"],
+        "accepted an invalid input", ["reader/valid/number-4300-digits"],
+    ),
     "partial-output": (
         ["*/invalid/blob-checksum", "decoder/base-mismatch/missing-tensor",
          "decoder/invalid/layout-index-disagrees", "encoder/invalid/target-not-safetensors",
@@ -341,6 +347,46 @@ def test_cli_list_and_argument_errors(capsys: pytest.CaptureFixture[str]) -> Non
     assert capsys.readouterr().err.startswith("error: bad-argument:")
     with pytest.raises(BadArgumentError, match="lacks"):
         Templates({"decoder": "tool apply {base} {out}"})
+
+
+def test_every_case_records_the_suite_version_that_introduced_it(manifest: Manifest) -> None:
+    """'since' comes from vectorgen/since.json for the cases of suites 1 to 6 and is the
+    current version for the others; an id the suite no longer has must leave the table."""
+    table = json.loads((VECTORS / "vectorgen" / "since.json").read_text(encoding="utf-8"))
+    listed = {case_id: int(v) for v, ids in table.items() for case_id in ids}
+    newest = manifest.raw["manifest_version"]
+    assert set(listed) <= {c.id for c in manifest.cases}
+    assert max(listed.values()) < newest
+    assert all(c.since == listed.get(c.id, newest) for c in manifest.cases)
+
+
+def test_suite_version_judges_against_an_older_suite(manifest: Manifest, tmp_path: Path) -> None:
+    """--suite-version N runs the cases suite N had (their 'since' at most N), through the
+    CLI, and the report says which version was judged; a version the suite lacks is refused."""
+    v6 = of_version(manifest, 6)
+    assert {c.since for c in v6} == {1, 2, 3, 4, 5, 6} and len(v6) < len(manifest.cases)
+    assert {c.id for c in manifest.cases if c.since == 7} >= {
+        "manifest/signed/key-id-not-its-key", "manifest/state/other-chain"}  # fmt: skip
+    base = [sys.executable, "-m", "wdelta", "conformance", "run", "--vectors", str(VECTORS)]
+    listed = subprocess.run([*base, "--suite-version", "6", "--list", "--filter",
+                             "manifest/state/*"], capture_output=True, text=True,
+                            check=True)  # fmt: skip
+    ids = {line.split("\t")[0] for line in listed.stdout.splitlines()}
+    assert ids == {c.id for c in v6 if c.id.startswith("manifest/state/")} and len(ids) == 9
+    report = tmp_path / "r.json"
+    run = subprocess.run([*base, "--suite-version", "6", "--filter", "manifest/state/signed-*",
+                          "--json-report", str(report)], capture_output=True,
+                         text=True)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "judged against suite v6's cases" in run.stdout
+    data = json.loads(report.read_text())
+    assert data["suite"]["judged_version"] == 6 and data["suite"]["manifest_version"] == 7
+    assert schemas.violation("conformance-report", data) is None
+    for bad in ("8", "0"):
+        refused = subprocess.run([*base, "--suite-version", bad, "--list"], capture_output=True,
+                                 text=True)  # fmt: skip
+        assert refused.returncode == 2
+        assert refused.stderr.strip().splitlines()[-1].startswith("error: bad-argument:")
 
 
 class _AcceptsEverything:
@@ -570,6 +616,47 @@ BROKEN_READER_CASES = {
     "reset-on-rotation": (["manifest/state/rotation-keeps-signer"],
                           ["manifest/state/fast-forward-recovered",
                            "manifest/state/fast-forward-kept"]),
+    "part-member-optional": (["manifest/store/parts-part-without-member"],
+                             ["manifest/store/parts-valid", "manifest/store/parts-count-wrong"]),
+    "no-part-count": (["manifest/store/parts-count-wrong"],
+                      ["manifest/store/parts-valid", "manifest/store/parts-missing-part"]),
+    "no-snapshot-digest": (["manifest/store/snapshot-other-version"],
+                           ["manifest/store/valid", "manifest/store/snapshot-corrupted"]),
+    "no-digit-limit": (["manifest/invalid/number-4301-digits"],
+                       ["manifest/valid/typical", "manifest/invalid/nesting-65"]),
+    "trust-file-unsigned": (["manifest/signed/trust-signed-by-revisions-key",
+                             "manifest/signed/trust-unsigned"],
+                            ["manifest/signed/valid",
+                             "manifest/signed/root-not-signed-by-own-role"]),
+    "successor-not-self-signed": (["manifest/signed/root-not-signed-by-own-role"],
+                                  ["manifest/signed/rotated-key",
+                                   "manifest/signed/trust-signed-by-revisions-key"]),
+    "no-successor-identity": (["manifest/signed/stored-root-wrong-version",
+                               "manifest/signed/stored-root-wrong-chain"],
+                              ["manifest/signed/rotated-key", "manifest/signed/root-role-rotated"]),
+    "count-signature-entries": (["manifest/signed/trust-signature-listed-twice",
+                                 "manifest/signed/stored-root-signature-listed-twice"],
+                                ["manifest/signed/valid",
+                                 "manifest/signed/root-threshold-not-met"]),
+    "no-key-id-check": (["manifest/signed/key-id-not-its-key"],
+                        ["manifest/signed/valid", "manifest/signed/wrong-key"]),
+    "no-threshold-check": (["manifest/signed/threshold-above-keys-rotated"],
+                           ["manifest/signed/valid", "manifest/signed/role-threshold-above-keys"]),
+    "state-other-chain": (["manifest/state/other-chain"],
+                          ["manifest/state/signed-same", "manifest/state/fast-forward-recovered"]),
+    "release-when-no-signer": (["manifest/state/release-threshold-2"],
+                               ["manifest/state/fast-forward-recovered",
+                                "manifest/state/rotation-keeps-signer"]),
+    "release-counts-root-keys": (["manifest/state/release-signer-moved-to-root-role"],
+                                 ["manifest/state/fast-forward-recovered",
+                                  "manifest/state/release-threshold-2"]),
+    "state-revision-only": (["manifest/state/rewritten", "manifest/state/forked-parent"],
+                            ["manifest/state/unsigned-rolled-back", "manifest/seen/rewritten",
+                             "manifest/state/signed-same"]),
+    "state-no-schema": (["manifest/state/schema-signers-empty"],
+                        ["manifest/state/signed-same", "manifest/state/unsigned-state"]),
+    "state-v1-trust": (["manifest/state/version-1-with-trust"],
+                       ["manifest/state/unsigned-state", "manifest/state/schema-signers-empty"]),
 }  # fmt: skip
 
 
@@ -626,7 +713,7 @@ def test_state_cases_need_a_state_template(manifest: Manifest, scratch: Path) ->
     assert {r.status for r in results.values()} == {"not-tested"}
     assert {r.message for r in results.values()} == {"the template has no {state}"}
     results = _run(manifest, ["manifest/state/*"], _reader("faithful"), scratch, strict=True)
-    assert len(results) == 9 and {r.status for r in results.values()} == {"pass"}
+    assert len(results) == 16 and {r.status for r in results.values()} == {"pass"}
     with pytest.raises(BadArgumentError, match=r"lacks \{state\}"):
         Templates({"manifest-trust-state": "tool check {manifest} --store {store} --trust {trust}"})
 
@@ -642,7 +729,7 @@ def test_seen_cases_need_the_seen_template(manifest: Manifest, scratch: Path) ->
     both = Templates({"manifest": faithful["manifest"], "manifest-seen": faithful["manifest-seen"]})
     results = _run(manifest, ["manifest/seen/*", "manifest/store/valid"], both, scratch)
     assert results.pop("manifest/store/valid").status == "not-tested"
-    assert {r.status for r in results.values()} == {"pass"} and len(results) == 8
+    assert {r.status for r in results.values()} == {"pass"} and len(results) == 9
     with pytest.raises(BadArgumentError, match=r"lacks \{seen\}"):
         Templates({"manifest-seen": "tool check {manifest}"})
 

@@ -18,7 +18,7 @@ from typing import Any
 import blake3
 
 from . import checkpoints as ck
-from .builder import ChunkPlan, build, uniform
+from .builder import ChunkPlan, Delta, build, uniform
 from .edge import changed
 from .payload import RICE
 from .suite import Suite, accepted, invalid, sha256
@@ -139,6 +139,9 @@ TEXT_CASES: dict[str, tuple[str, str, str, TextEdit]] = {
                        lambda t: t.replace(b"wdelta-conformance/2", b"\\ud800")),
     "nesting-65": ("CH-1", "manifest-invalid", "an unknown member nesting arrays to depth 65",
                    lambda t: t[:-2] + b',"x":' + b"[" * 64 + b"]" * 64 + b"}\n"),
+    "number-4301-digits": ("CH-1", "manifest-invalid", "an unknown member holding an integer "
+                           "of 4301 digits (§13)",
+                           lambda t: t[:-2] + b',"x-big":' + b"9" * 4301 + b"}\n"),
     "integer-fraction": ("CH-1", "manifest-invalid", "revision written as 3.0",
                          lambda t: t.replace(b'"revision": 3,', b'"revision": 3.0,')),
 }  # fmt: skip
@@ -148,6 +151,9 @@ DOC_CASES: dict[str, tuple[str, str, str, Edit]] = {
     "version-2": ("CH-2", "unsupported-version", "version 2", _set(("version",), 2)),
     "required-feature": ("CH-2", "unsupported-feature", "an unknown required feature",
                          _set(("required_features",), ["x-encrypted"])),
+    "required-feature-not-string": ("CH-2", "manifest-invalid", "required_features: [1] (no "
+                                    "string: a schema error, as in a delta header, §4.2)",
+                                    _set(("required_features",), [1])),
     "no-versions": ("CH-3", "manifest-invalid", "no versions member", _drop("versions")),
     "empty-versions": ("CH-3", "manifest-invalid", "versions: []", _set(("versions",), [])),
     "digest-uppercase": ("CH-3", "manifest-invalid", "a version digest in upper-case hex",
@@ -183,6 +189,9 @@ DOC_CASES: dict[str, tuple[str, str, str, Edit]] = {
                                _set(("snapshots", 1, "files", 1, "name"), "m-1.safetensors")),
     "snapshot-shards-no-index": ("CH-7", "manifest-invalid", "two shards and no index",
                                  lambda d: d["snapshots"][1]["files"].pop()),
+    "snapshot-index-only": ("CH-7", "manifest-invalid", "a snapshot whose only file is an index",
+                            _set(("snapshots", 0, "files", 0, "name"),
+                                 "model.safetensors.index.json")),
     "snapshot-two-indexes": ("CH-7", "manifest-invalid", "two index files",
                              _set(("snapshots", 1, "files", 0, "name"),
                                   "a.safetensors.index.json")),
@@ -246,11 +255,16 @@ def add_rule_cases(suite: Suite) -> None:
                    invalid("manifest-invalid"))  # fmt: skip
 
 
-def _store_chain() -> tuple[dict[str, bytes], Doc]:
-    """A real two-version chain: its files by key and its revision-2 manifest."""
+def _store_chain(edit: Callable[[Delta], None] | None = None) -> tuple[dict[str, bytes], Doc]:
+    """A real two-version chain: its files by key and its revision-2 manifest (its delta
+    changed by ``edit``, once built, and listed as it then is)."""
     b, t = changed("chain", "w", "F32", (64,), 0.2)
     base, target = ck.single([b]), ck.single([t])
     delta = build(base, target, 32, uniform(ChunkPlan("sparse", "xor", "zstd", RICE)))
+    if edit is not None:
+        delta.to_bytes()
+        delta.freeze()
+        edit(delta)
     data = delta.to_bytes()
     ((snap_name, snap),) = base.file_bytes().items()
     snap_sha, delta_b3 = sha256(snap), blake3.blake3(data).hexdigest()
@@ -265,6 +279,47 @@ def _store_chain() -> tuple[dict[str, bytes], Doc]:
     links = [{"from": 0, "to": 1, "digest": delta_b3, "size": len(data),
               "reversible": delta.doc["reversible"]}]  # fmt: skip
     return files, manifest(2, versions, snapshots, links)
+
+
+SHARD = "model-00001-of-00002.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+def _sharded_snapshot(defect: str) -> tuple[Doc, dict[str, bytes]]:
+    """The store chain whose snapshot of version 0 is one shard and an index, with a
+    ``defect``: ``missing-shard`` (the index names a second shard, not listed or stored) or
+    ``malformed-shard`` (the shard's safetensors header is not JSON)."""
+    files, doc = _store_chain()
+    b, _ = changed("chain", "w", "F32", (64,), 0.2)
+    listed = dict(ck.sharded([b], {"w": SHARD}).file_bytes())
+    if defect == "missing-shard":
+        weight_map = {"v": "model-00002-of-00002.safetensors", "w": SHARD}
+        listed[INDEX] = json.dumps({"metadata": {}, "weight_map": weight_map}).encode()
+    else:
+        listed[SHARD] = listed[SHARD][:8] + b"[" + listed[SHARD][9:]
+    files = {k: v for k, v in files.items() if not k.startswith("snapshots/")}
+    entries = []
+    for name, data in sorted(listed.items()):
+        files[f"snapshots/{sha256(data)}/{name}"] = data
+        entries.append({"name": name, "sha256": sha256(data), "size": len(data)})
+    doc["snapshots"][0]["files"] = entries
+    return doc, files
+
+
+def _zero_chunk_elements(delta: Delta) -> None:
+    delta.doc["chunk_elements"] = 0
+
+
+def _snapshot_of_target() -> tuple[Doc, dict[str, bytes]]:
+    """The store chain whose snapshot of version 0 holds version 1's checkpoint: its
+    files match their SHA-256, their checkpoint digest is not version 0's."""
+    files, doc = _store_chain()
+    _, t = changed("chain", "w", "F32", (64,), 0.2)
+    ((name, data),) = ck.single([t]).file_bytes().items()
+    files = {k: v for k, v in files.items() if not k.startswith("snapshots/")}
+    files[f"snapshots/{sha256(data)}/{name}"] = data
+    doc["snapshots"][0]["files"] = [{"name": name, "sha256": sha256(data), "size": len(data)}]
+    return doc, files
 
 
 def _other_version(doc: Doc) -> None:
@@ -298,6 +353,23 @@ def add_store_cases(suite: Suite) -> None:
         "store/snapshot-corrupted": ("RD-2: the snapshot's last byte flipped (SHA-256 differs)",
                                      doc, _corrupt(files, "snapshots/"),
                                      invalid("checksum-mismatch")),
+        "store/delta-header-invalid": (
+            "RD-2: the listed delta matches its BLAKE3 and size, but its header breaks §4 "
+            "(chunk_elements 0): refused as the reader profile refuses it, not as chain-broken",
+            _store_chain(_zero_chunk_elements)[1], _store_chain(_zero_chunk_elements)[0],
+            invalid("header-invalid")),
+        "store/snapshot-index-names-missing-shard": (
+            "RD-2: the snapshot's index maps a tensor to a shard the snapshot does not list: "
+            "its files assemble into no checkpoint (§10.3)", *_sharded_snapshot("missing-shard"),
+            invalid("checkpoint-invalid")),
+        "store/snapshot-shard-malformed": (
+            "RD-2: the snapshot's shard (listed with its SHA-256) has a safetensors header that "
+            "is not JSON (§10.3)", *_sharded_snapshot("malformed-shard"),
+            invalid("checkpoint-invalid")),
+        "store/snapshot-other-version": (
+            "RD-2: version 0's snapshot holds version 1's checkpoint (its files match their "
+            "SHA-256; the checkpoint digest is not version 0's)", *_snapshot_of_target(),
+            invalid("chain-broken")),
     }  # fmt: skip
     for name, edit, what in (
         (
@@ -384,3 +456,10 @@ def add_seen_cases(suite: Suite) -> None:
         seen_path = suite.blob(f"chain/seen-{name}/seen/{_key(seen_rev)}", seen)
         suite.add(f"manifest/seen/{name}", "manifest", what, "§17.6", SEEN_RULE,
                   {"manifest": path, "seen": seen_path}, expect)  # fmt: skip
+    # {seen} must be a valid revision under its key: revision 3 named as revision 2 breaks
+    # CH-4, and a reader's record it cannot read is a bad argument, not "nothing accepted".
+    path = suite.blob(f"chain/seen-not-a-revision/{_key(3)}", r3)
+    seen_path = suite.blob(f"chain/seen-not-a-revision/seen/{_key(2)}", r3)
+    suite.add("manifest/seen/not-a-revision", "manifest", "{seen} holds revision 3 under the "
+              "key of revision 2 (CH-4): not a revision the reader accepted", "§16.3",
+              SEEN_RULE, {"manifest": path, "seen": seen_path}, invalid("bad-argument"))

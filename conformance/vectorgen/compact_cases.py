@@ -204,7 +204,23 @@ def _add_index_cases(host: Host) -> None:
                  out="out")  # fmt: skip
 
 
+def _tensor_named_metadata(host: Host) -> None:
+    """A canonical file of a tensor named ``__metadata__``: no safetensors header can hold
+    it (the name is the metadata member's), so the expanded layout breaks L1."""
+    pairs = [changed("meta", "m", "F32", (16,), 0.5), changed("meta", "w", "F32", (16,), 0.5)]
+    delta = build(ck.single([b for b, _ in pairs]), ck.single([t for _, t in pairs]), 32,
+                  cycling)  # fmt: skip
+    for entry in delta.doc["tensors"]:
+        if entry["name"] == "m":
+            entry["name"] = "__metadata__"
+    rule = (f"{EXPAND}: L1, a canonical file's tensor named __metadata__ (the name of the "
+            "safetensors metadata member) makes no valid safetensors header → header-invalid")
+    host.add("compact-tensor-named-metadata", _compact(delta).to_bytes(), "header-invalid",
+             SECTION, rule, "a tensor named __metadata__ in canonical files of both sides")
+
+
 def add_compact_cases(host: Host) -> None:
     add_compact_valid(host.suite)
     add_compact_invalid(host)
+    _tensor_named_metadata(host)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .builder import Delta
+from .common import add_valid
 from .host import Host
 
 Mutation = Callable[[Delta], None]
@@ -101,6 +102,9 @@ JSON_CASES: list[tuple[str, Mutation, str, str]] = [
      "an integer field written with a fraction", "chunk_elements: 256.0"),
     ("json-integer-exponent", hook(_replace(b'"chunk_elements":256', b'"chunk_elements":2.56e2')),
      "an integer field written with an exponent", "chunk_elements: 2.56e2"),
+    ("json-number-4301-digits", hook(lambda h: h[:-1] + b',"x-big":' + b"9" * 4301 + b"}"),
+     "an integer of more than 4300 digits, in a member readers otherwise ignore",
+     "x-big: an integer of 4301 digits"),
     ("json-version-fraction", hook(_replace(b'"version":1', b'"version":1.0')),
      "an integer field written with a fraction, version included (§4.1 is step 1 of §4.2, "
      "before the version is read)", "version: 1.0"),
@@ -115,6 +119,9 @@ SCHEMA_CASES: list[tuple[str, Mutation, str]] = [
      "no required_features member"),
     ("schema-required-features-string", on_doc(setter("required_features", "none")),
      'required_features: "none"'),
+    ("schema-required-features-not-string", on_doc(setter("required_features", [1])),
+     "required_features: [1] (an element that is no string is a schema error of step 4, "
+     "not an unknown feature of step 3)"),
     ("schema-chunk-elements-string", on_doc(setter("chunk_elements", "256")),
      'chunk_elements: "256"'),
     ("schema-chunk-elements-zero", on_doc(setter("chunk_elements", 0)), "chunk_elements: 0"),
@@ -177,6 +184,12 @@ def add_header_cases(host: Host) -> None:
                  "implements → unsupported-feature (v1 defines none)",
                  'required_features: ["x-quantized-deltas"]')  # fmt: skip
     _add_enum_cases(host)
+    delta = host.delta()
+    delta.header_hook = lambda h: h[:-1] + b',"x-big":' + b"9" * 4300 + b"}"
+    add_valid(host.suite, "valid/number-4300-digits", host.pair, delta,
+              "the host delta with an ignored member holding an integer of 4300 digits (the "
+              "most §4.1 allows)", "§4.1", "a number of at most 4300 digits is JSON a reader "
+              "accepts; unknown members are ignored (§4.2)")  # fmt: skip
 
 
 def _retype_layout(delta: Delta, dtype: str) -> None:

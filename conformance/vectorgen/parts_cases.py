@@ -84,10 +84,11 @@ def _pair() -> tuple[ck.Checkpoint, ck.Checkpoint, list[tuple[ck.TensorData, ck.
     return ck.single([b for b, _ in pairs]), ck.single([t for _, t in pairs]), pairs
 
 
-def _parts(split: list[list[str]], count: int | None = None,
-           other: set[int] | None = None) -> tuple[list[bytes], str, str]:  # fmt: skip
+def _parts(split: list[list[str]], count: int | None = None, other: set[int] | None = None,
+           bare: set[int] | None = None) -> tuple[list[bytes], str, str]:  # fmt: skip
     """Part files of the link base -> target for ``split`` (tensor names per part);
-    the parts in ``other`` name another link's target."""
+    the parts in ``other`` name another link's target, those in ``bare`` have no
+    ``part`` member."""
     base, target, pairs = _pair()
     whole = build(base, target, 32, PLAN)
     whole.to_bytes()
@@ -100,6 +101,8 @@ def _parts(split: list[list[str]], count: int | None = None,
         wrong = i in (other or set())
         sub.doc["part"] = {"index": i, "count": count or len(split), "base": digests[0],
                            "target": digests[1][::-1] if wrong else digests[1]}  # fmt: skip
+        if i in (bare or set()):
+            del sub.doc["part"]
         files.append(sub.to_bytes())
     return files, digests[0], digests[1]
 
@@ -131,6 +134,21 @@ def _chain(files: list[bytes], base: str, target: str, listed: list[int] | None 
 SPLIT = [["w", "y"], ["x"]]
 
 
+def _single_with_part() -> tuple[dict[str, bytes], Doc]:
+    """The two-version chain of a single-file link whose delta has a ``part`` member."""
+    base, target, _ = _pair()
+    whole = build(base, target, 32, PLAN)
+    whole.to_bytes()
+    whole.doc["part"] = {"index": 0, "count": 2, "base": whole.doc["base"]["digest"],
+                         "target": whole.doc["target"]["digest"]}  # fmt: skip
+    stored, doc = _chain([whole.to_bytes(), whole.to_bytes()], whole.doc["base"]["digest"],
+                         whole.doc["target"]["digest"])  # fmt: skip
+    link = doc["links"][0]
+    link.update(link.pop("parts")[0])
+    doc["required_features"] = []
+    return stored, doc
+
+
 def add_store_cases(suite: Suite) -> None:
     good, base, target = _parts(SPLIT)
     stored, doc = _chain(good, base, target)
@@ -159,6 +177,14 @@ def add_store_cases(suite: Suite) -> None:
          _chain(_parts(SPLIT, other={1})[0], base, target), invalid("chain-broken")),
         ("parts-out-of-order", "MP-4: the parts listed in the order 1, 0",
          _chain(good, base, target, [1, 0]), invalid("chain-broken")),
+        ("parts-part-without-member", "MP-4: the second part's header has no part member",
+         _chain(_parts(SPLIT, bare={1})[0], base, target), invalid("chain-broken")),
+        ("parts-count-wrong", "MP-4: both parts say they are of 3 parts; 2 are listed and "
+         "they hold every tensor", _chain(_parts(SPLIT, count=3)[0], base, target),
+         invalid("chain-broken")),
+        ("single-link-with-part", "§17.12: a single-file link whose delta (the whole link, its "
+         "digests the link's) carries a part member: checked as any single-file link, the "
+         "member is not read", _single_with_part(), accepted()),
         ("parts-reversible-disagrees", "MP-4: the link says not reversible, every part is",
          (stored, not_reversible), invalid("chain-broken")),
     ]  # fmt: skip
@@ -211,6 +237,11 @@ def header_rule_cases() -> list[tuple[str, Doc, str, dict[str, Any]]]:
     ]  # fmt: skip
 
 
+def _no_parts(doc: Doc) -> None:
+    doc.update(typical())
+    doc["required_features"] = [FEATURE]
+
+
 def rule_cases() -> list[tuple[str, Doc, str, dict[str, Any]]]:
     """(name, manifest, what, expect) of the manifest rules about parts (no storage)."""
     valid = typical()
@@ -223,6 +254,9 @@ def rule_cases() -> list[tuple[str, Doc, str, dict[str, Any]]]:
 
     return [
         ("valid/multi-part", valid, "link 3 -> 4 of two parts, the feature listed", accepted()),
+        ("valid/multi-part-feature-no-parts", edited(_no_parts),
+         "multi-part-links listed while no link has parts (a reader that implements the "
+         "feature accepts it)", accepted()),
         ("invalid/parts-without-feature", edited(lambda d: d.update(required_features=[])),
          "a link with parts, multi-part-links not listed", invalid("manifest-invalid")),
         ("invalid/part-twice", edited(lambda d: d["links"][3]["parts"].append(

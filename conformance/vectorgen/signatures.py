@@ -91,15 +91,38 @@ def _revisions_threshold_2(signed: Doc) -> None:
     signed["roles"]["revisions"]["threshold"] = 2
 
 
+def _keyids_descending(signed: Doc) -> None:
+    """The revisions role's key ids out of sorted order: arrays are signed as they stand."""
+    signed["roles"]["revisions"]["keyids"].sort(reverse=True)
+
+
+def _zero_threshold(signed: Doc) -> None:
+    signed["roles"]["revisions"]["threshold"] = 0
+
+
+def _extra_member(signed: Doc) -> None:
+    signed["x-note"] = "not a member of a trust root"
+
+
+def _month_13(signed: Doc) -> None:
+    signed["expires"] = "2099-13-01T00:00:00Z"
+
+
+def _alice_id_mallory_key(signed: Doc) -> None:
+    """Key id of alice, public key of mallory: the id is not the key's SHA-256."""
+    signed["keys"][keyid("alice")]["public"] = _public("mallory").hex()
+
+
 def revision_signature(
     name: str, manifest: bytes, revision: int = 2, expires: str = FAR, chain: str = CHAIN,
-    stored_as: str | None = None,
+    stored_as: str | None = None, claim: str | None = None,
 ) -> tuple[str, bytes]:  # fmt: skip
-    """(key, bytes) of ``name``'s signature object of ``manifest`` (under ``stored_as``'s id)."""
+    """(key, bytes) of ``name``'s signature object of ``manifest`` (under ``stored_as``'s id),
+    its ``keyid`` that of ``claim`` (default: ``name``)."""
     digest = blake3.blake3(manifest).hexdigest()
     signed = {"format": "wdelta-revision", "chain": chain, "revision": revision,
               "manifest": digest, "expires": expires}  # fmt: skip
-    doc = {"signed": signed, "keyid": keyid(name), "sig": _sign(name, signed)}
+    doc = {"signed": signed, "keyid": keyid(claim or name), "sig": _sign(name, signed)}
     key = f"signatures/{digest}/{keyid(stored_as or name)}.json"
     return key, (json.dumps(doc, indent=2) + "\n").encode()
 
@@ -194,6 +217,70 @@ CASES: dict[str, Case] = {
         "SG-2: the chain's root 2 is of format version 1, signed by root 1's root key",
         ROOT1, lambda m: [(R2, root(2, ["bob"], 1, ["root"], change=_single_role)),
                           revision_signature("bob", m)], invalid("unsupported-version")),
+    "keyids-unsorted": (
+        "canonical form: the revisions role lists its key ids in descending order, signed so "
+        "(arrays keep their order); alice and carol signed",
+        root(1, ["alice", "bob", "carol"], 2, ["root"], change=_keyids_descending),
+        lambda m: [revision_signature("alice", m), revision_signature("carol", m)], accepted()),
+    "trust-signed-by-revisions-key": (
+        "SG-1: the trust file is signed by its revisions key alice, not by its root role",
+        root(1, ["alice"], 1, ["alice"]), lambda m: [revision_signature("alice", m)],
+        invalid("signature-invalid")),
+    "trust-unsigned": (
+        "SG-1: the trust file carries no signature", root(1, ["alice"], 1, []),
+        lambda m: [revision_signature("alice", m)], invalid("signature-invalid")),
+    "trust-threshold-zero": (
+        "SG-1: the trust file's revisions threshold is 0 (its schema says 1 to 64)",
+        root(1, ["alice"], 1, ["root"], change=_zero_threshold),
+        lambda m: [revision_signature("alice", m)], invalid("signature-invalid")),
+    "trust-extra-member": (
+        "SG-1: the trust file's signed object has a member a trust root does not have",
+        root(1, ["alice"], 1, ["root"], change=_extra_member),
+        lambda m: [revision_signature("alice", m)], invalid("signature-invalid")),
+    "trust-expires-month-13": (
+        "SG-1: the trust file's expires is month 13 (no date): not a valid trust root",
+        root(1, ["alice"], 1, ["root"], change=_month_13),
+        lambda m: [revision_signature("alice", m)], invalid("signature-invalid")),
+    "signature-expires-month-13": (
+        "SG-5: alice's signature expires in month 13 (no date): it is valid but expired",
+        ROOT1, lambda m: [revision_signature("alice", m, expires="2099-13-01T00:00:00Z")],
+        invalid("frozen")),
+    "trust-signature-listed-twice": (
+        "SG-1: the root role needs 2 of root, root2; root's signature is listed twice "
+        "(a threshold counts distinct key ids)",
+        root(1, ["alice"], 1, ["root", "root"], root_keys=("root", "root2"), root_threshold=2),
+        lambda m: [revision_signature("alice", m)], invalid("signature-invalid")),
+    "stored-root-signature-listed-twice": (
+        "SG-2: root 2's root role needs 2 of root, root2; root 2 lists root's signature twice",
+        ROOT1, lambda m: [(R2, root(2, ["bob"], 1, ["root", "root"], root_keys=("root", "root2"),
+                                    root_threshold=2)),
+                          revision_signature("bob", m)], invalid("signature-invalid")),
+    "key-id-not-its-key": (
+        "SG-1: keys lists alice's key id with mallory's public key; mallory signed as alice",
+        root(1, ["alice"], 1, ["root"], change=_alice_id_mallory_key),
+        lambda m: [revision_signature("mallory", m, stored_as="alice", claim="alice")],
+        invalid("signature-invalid")),
+    "root-not-signed-by-own-role": (
+        "SG-2: root 2 (root role root2) is signed by root 1's root key only, not by its own "
+        "root role", ROOT1,
+        lambda m: [(R2, root(2, ["bob"], 1, ["root"], root_keys=("root2",))),
+                   revision_signature("bob", m)], invalid("signature-invalid")),
+    "stored-root-wrong-version": (
+        "SG-2: the chain's trust/root-2 holds a root of version 3, validly signed", ROOT1,
+        lambda m: [(R2, root(3, ["bob"], 1, ["root"])), revision_signature("bob", m)],
+        invalid("signature-invalid")),
+    "stored-root-wrong-chain": (
+        "SG-2: the chain's trust/root-2 is version 2 of another chain, validly signed; bob "
+        "signed the revision for that chain", ROOT1,
+        lambda m: [(R2, root(2, ["bob"], 1, ["root"], chain="other/run")),
+                   revision_signature("bob", m, chain="other/run")],
+        invalid("signature-invalid")),
+    "threshold-above-keys-rotated": (
+        "SG-1: the trust file's revisions threshold 2 exceeds its one key; the chain's valid "
+        "root 2 would hand the revisions to bob, who signed",
+        root(1, ["alice"], 1, ["root"], change=_revisions_threshold_2),
+        lambda m: [(R2, root(2, ["bob"], 1, ["root"])), revision_signature("bob", m)],
+        invalid("signature-invalid")),
     "expired": ("SG-5: the only signature expired in 2001", ROOT1,
                 lambda m: [revision_signature("alice", m, expires=PAST)], invalid("frozen")),
     "root-expired": ("SG-3: the trust root expired in 2001", root(1, ["alice"], 1, ["root"], PAST),
@@ -225,4 +312,9 @@ def add_signature_cases(suite: Suite) -> None:
     signed_original = dict([revision_signature("alice", manifest)])
     _add(suite, "tampered-byte", "SG-4: one digit of the manifest's 'updated' changed after "
          "alice signed it", tampered, ROOT1, {**files, **signed_original},
+         invalid("signature-invalid"))  # fmt: skip
+    third = _text({**doc, "revision": 3})
+    _add(suite, "revision-member-not-key", "SG-4: the file at the key of revision 2 says "
+         "revision 3, and alice signed it as revision 3: R is the key's number, 2",
+         third, ROOT1, {**files, **dict([revision_signature("alice", third, revision=3)])},
          invalid("signature-invalid"))  # fmt: skip

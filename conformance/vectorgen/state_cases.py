@@ -29,21 +29,30 @@ R2 = "trust/root-000000000002.json"
 
 
 def state(revision: int, digest: str, root_version: int | None = None,
-          signers: tuple[str, ...] = ("alice",)) -> bytes:  # fmt: skip
-    """An acceptance state; with ``root_version``, accepted under the trust policy."""
+          signers: tuple[str, ...] = ("alice",), chain: str = CHAIN,
+          version: int | None = None) -> bytes:  # fmt: skip
+    """An acceptance state; with ``root_version``, accepted under the trust policy
+    (``version``: the state's format version, by default 2 with trust and 1 without)."""
     doc: dict[str, Any] = {"format": "wdelta-chain-accepted", "version": 2,
                            "revision": revision, "digest": digest}  # fmt: skip
     if root_version is None:
         doc["version"] = 1
     else:
-        doc["trust"] = {"chain": CHAIN, "root": root_version,
+        doc["trust"] = {"chain": chain, "root": root_version,
                         "signers": sorted(keyid(k) for k in signers)}  # fmt: skip
+    if version is not None:
+        doc["version"] = version
     return (json.dumps(doc, indent=2) + "\n").encode()
 
 
-# name: (what, trust file or None, extra stored objects, state for manifest digest M, expected)
-def _cases(m: str) -> dict[str, tuple[str, bytes | None, dict[str, bytes], bytes, Any]]:
+# name: (what, trust file or None, extra stored objects, state, expected), for the manifest
+# ``manifest`` of BLAKE3 ``m``
+StateCase = tuple[str, bytes | None, dict[str, bytes], bytes, Any]
+
+
+def _cases(m: str, manifest: bytes) -> dict[str, StateCase]:
     far_carol = state(FAR_REVISION, OTHER, 1, ("carol",))
+    dave = revision_signature("dave", manifest)
     return {
         "unsigned-after-signed": (
             "SG-8: a reader without a trust policy whose state records revision 2 accepted "
@@ -74,6 +83,34 @@ def _cases(m: str) -> dict[str, tuple[str, bytes | None, dict[str, bytes], bytes
             "the root key: no rotation, no release", ROOT_AC,
             {R2: root(2, ["carol"], 1, ["carol", "carol2"], root_keys=("carol2",))},
             state(FAR_REVISION, OTHER, 1, ("alice",)), invalid("signature-invalid")),
+        "other-chain": (
+            "SG-9: the state records this revision accepted under chain other/run; the trust "
+            "root is of conformance/run", ROOT_AC, {}, state(2, m, 1, chain="other/run"),
+            invalid("bad-argument")),
+        "rewritten": (
+            "RD-1 (b): the state records revision 2 with other bytes, signed under root 1",
+            ROOT_AC, {}, state(2, OTHER, 1), invalid("manifest-invalid")),
+        "forked-parent": (
+            "RD-1 (c): the state records revision 1 with bytes that are not revision 2's "
+            "parent, signed under root 1", ROOT_AC, {}, state(1, OTHER, 1),
+            invalid("manifest-invalid")),
+        "release-threshold-2": (
+            "SG-10: carol's revision 999999999999 was accepted under root 1; root 2 keeps "
+            "carol but needs 2 of alice, carol, dave: carol alone no longer meets it, RD-1 "
+            "starts afresh; alice and dave signed", ROOT_AC,
+            {R2: root(2, ["alice", "carol", "dave"], 2, ["root"]), **dict([dave])},
+            far_carol, accepted()),
+        "release-signer-moved-to-root-role": (
+            "SG-10: carol's revision 999999999999 was accepted under root 1; root 2 moves "
+            "carol to its root role (root keys do not sign revisions): RD-1 starts afresh",
+            ROOT_AC, {R2: root(2, ["alice"], 1, ["root"], root_keys=("root", "carol"))},
+            far_carol, accepted()),
+        "schema-signers-empty": (
+            "the state breaks its schema (trust.signers is empty): not a usable state",
+            ROOT_AC, {}, state(2, m, 1, signers=()), invalid("bad-argument")),
+        "version-1-with-trust": (
+            "a state of format version 1 carrying trust (a member of version 2 only): "
+            "not a usable state", None, {}, state(2, m, 1, version=1), invalid("bad-argument")),
         "trust-moved-back": (
             "SG-9: the state records root version 3; the node reaches root 1 only", ROOT_AC,
             {}, state(2, m, 3), invalid("signature-invalid")),
@@ -85,7 +122,7 @@ def add_state_cases(suite: Suite) -> None:
     manifest = _text(doc)
     digest = blake3.blake3(manifest).hexdigest()
     signed = dict([revision_signature("alice", manifest)])
-    for name, (what, trust, extra, accepted_state, expect) in _cases(digest).items():
+    for name, (what, trust, extra, accepted_state, expect) in _cases(digest, manifest).items():
         folder = f"chain/state-{name}"
         store = {**files, **signed, **extra}
         inputs = {"manifest": suite.blob(f"{folder}/{_key(2)}", manifest),

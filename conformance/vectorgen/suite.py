@@ -17,6 +17,13 @@ from wdelta._version import CONFORMANCE_SUITE_VERSION
 
 from .checkpoints import Checkpoint
 
+# The suite version that introduced each case of suites 1 to 6 (taken once from the
+# history of conformance/manifest.json on the main line); a case not listed is new in
+# this version.  A case whose meaning changes gets a new id, never a new "since".
+SINCE = {case_id: int(version)
+         for version, ids in json.loads((Path(__file__).with_name("since.json")).read_text())
+         .items() for case_id in ids}  # fmt: skip
+
 MANIFEST_VERSION = CONFORMANCE_SUITE_VERSION
 FORMAT_VERSION = 1
 PROFILES = ("reader", "decoder", "reverse", "encoder", "manifest")
@@ -77,7 +84,7 @@ class Suite:
             "id": case_id, "profile": profile, "description": description,
             "spec": {"section": section, "rule": rule},
             "inputs": {role: self.inputs[path] for role, path in sorted(inputs.items())},
-            "expect": expect,
+            "expect": expect, "since": SINCE.get(case_id, MANIFEST_VERSION),
         }  # fmt: skip
         if profile == "encoder":
             case["out"] = "out.wdelta"

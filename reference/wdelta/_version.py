@@ -9,4 +9,4 @@ __version__ = "0.1.0"
 CHAIN_MANIFEST_VERSION = 1
 # The ``manifest_version`` of the conformance suite packaged with this release
 # (conformance/manifest.json); tests/test_packaging.py keeps the two equal.
-CONFORMANCE_SUITE_VERSION = 6
+CONFORMANCE_SUITE_VERSION = 7

@@ -370,6 +370,8 @@ def _check_snapshots(m: Manifest) -> None:
             raise ManifestInvalidError(f"snapshot of version {s.version}: file names repeat")
         if not indexes and len(names) != 1:
             raise ManifestInvalidError(f"snapshot of version {s.version}: shards need an index")
+        if indexes and len(names) == 1:
+            raise ManifestInvalidError(f"snapshot of version {s.version}: an index and no shard")
     if [s.version for s in m.snapshots] != sorted(seen):
         raise ManifestInvalidError("snapshots must be sorted by version")
 

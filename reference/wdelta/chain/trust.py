@@ -58,9 +58,11 @@ from .trusted_set import (
     check_successor,
     format_time,
     make_root,
+    parse_predecessor,
     parse_revision_signature,
     parse_root,
     parse_time,
+    parse_v1_root,
     revision_payload,
     role_keys,
     root_from_json,
@@ -89,10 +91,12 @@ __all__ = [
     "keep_roots_beside",
     "make_root",
     "parse_kept_roots",
+    "parse_predecessor",
     "parse_revision_signature",
     "parse_root",
     "parse_time",
     "read_kept_roots",
+    "read_previous_root",
     "read_root_file",
     "revision_payload",
     "role_keys",
@@ -141,6 +145,23 @@ def read_root_file(path: PathLike) -> Root:
     root = root_from_json(raw, str(path))
     check_signed_by(root, root, str(path))
     return root
+
+
+def read_previous_root(path: PathLike) -> Root:
+    """The root a new root succeeds (``chain root --previous``): a trust file of format
+    version 2, read as :func:`read_root_file`, or of format version 1, whose one key list
+    and threshold then sign the new root as its root role would (the migration to
+    version 2, SPEC §17.11)."""
+    path = as_path(path, "previous")
+    raw = read_json(Path(path), "trust root")
+    signed = raw.get("signed")
+    if (
+        isinstance(signed, dict)
+        and signed.get("format") == ROOT_FORMAT
+        and (signed.get("format_version", 1) == 1)
+    ):
+        return parse_v1_root(raw, str(path))
+    return read_root_file(path)
 
 
 def _read_small(storage: Storage, key: str) -> bytes | None:

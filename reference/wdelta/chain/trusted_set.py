@@ -185,6 +185,72 @@ def root_from_json(raw: Any, what: str) -> Root:
     return Root(s["version"], s["chain"], s["expires"], keys, root, revisions, sigs)
 
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_CHAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+
+
+def _v1_keys(signed: dict[str, Any], what: str) -> dict[str, PublicKey]:
+    """The ``keys`` of a format-version-1 root, each checked against its key id."""
+    keys = signed.get("keys")
+    if not isinstance(keys, dict) or not 1 <= len(keys) <= 64:
+        raise SignatureInvalidError(f"{what}: a version-1 root needs 1 to 64 keys")
+    out = {}
+    for keyid, entry in keys.items():
+        public = entry.get("public") if isinstance(entry, dict) else None
+        if not isinstance(public, str) or not _HEX64.fullmatch(public):
+            raise SignatureInvalidError(f"{what}: key {keyid[:16]} has no 64-hex public key")
+        if key_id(bytes.fromhex(public)) != keyid:
+            raise SignatureInvalidError(f"{what}: key id {keyid[:16]} is not its key's SHA-256")
+        out[keyid] = PublicKey(bytes.fromhex(public))
+    return out
+
+
+def parse_v1_root(raw: Any, what: str) -> Root:
+    """A root of format version 1 (one key list and one ``threshold`` for roots and
+    revisions alike), self-signed by that threshold, as the predecessor of the
+    version-2 root that replaces it (migration, SPEC §17.11): its keys form both roles.
+    Never trusted as a node's root; SignatureInvalidError for anything else."""
+    signed = raw.get("signed") if isinstance(raw, dict) else None
+    if (
+        not isinstance(signed, dict)
+        or signed.get("format") != ROOT_FORMAT
+        or (signed.get("format_version", 1) != 1)
+    ):
+        raise SignatureInvalidError(f"{what}: not a trust root of format version 1")
+    keys = _v1_keys(signed, what)
+    version, chain, threshold = signed.get("version"), signed.get("chain"), signed.get("threshold")
+    sigs = raw.get("signatures")
+    if not (isinstance(version, int) and version >= 1 and isinstance(chain, str)
+            and _CHAIN.fullmatch(chain) and isinstance(threshold, int)
+            and 1 <= threshold <= len(keys) and isinstance(sigs, list)
+            and all(isinstance(g, dict) and isinstance(g.get("keyid"), str)
+                    and isinstance(g.get("sig"), str) for g in sigs)):  # fmt: skip
+        raise SignatureInvalidError(f"{what}: not a valid trust root of format version 1")
+    expires = str(signed.get("expires"))
+    try:
+        parse_time(expires)
+    except ValueError as exc:
+        raise SignatureInvalidError(f"{what}: expires {expires!r} is no date") from exc
+    role = Role(tuple(sorted(keys)), threshold)
+    old = Root(version, chain, expires, keys, role, role,
+               tuple((g["keyid"], g["sig"]) for g in sigs))  # fmt: skip
+    # Version 1 signed its whole ``signed`` object; Root.signed() would write version 2's.
+    valid = old.signers(role, canonical(signed), list(old.signatures))
+    if len(valid) < threshold:
+        raise SignatureInvalidError(f"{what}: {len(valid)} valid signatures, {threshold} needed")
+    return old
+
+
+def parse_predecessor(data: bytes, what: str) -> Root:
+    """A root that a new version-2 root may succeed: of format version 2, or of format
+    version 1 (the migration of §17.11); a version-1 root is checked as above."""
+    raw = strictjson.loads(data, SignatureInvalidError, what)
+    signed = raw.get("signed") if isinstance(raw, dict) else None
+    if isinstance(signed, dict) and signed.get("format_version", 1) == 1:
+        return parse_v1_root(raw, what)
+    return root_from_json(raw, what)
+
+
 def check_signed_by(root: Root, by: Root, what: str) -> None:
     """A threshold of ``by``'s root role signed ``root`` (SG-1, SG-2)."""
     valid = by.signers(by.root, canonical(root.signed()), list(root.signatures))

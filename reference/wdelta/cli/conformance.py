@@ -16,8 +16,8 @@ from typing import Any
 
 from ..conformance import report
 from ..conformance.impl import Implementation, Reference, Templates
-from ..conformance.manifest import default_vectors, load
-from ..conformance.runner import Options, Result, run_all, select
+from ..conformance.manifest import PROFILES, default_vectors, load
+from ..conformance.runner import Options, Result, of_version, run_all, select
 from ..errors import BadArgumentError
 from .options import Commands
 from .terminal import printable
@@ -51,8 +51,10 @@ TEMPLATE_OPTIONS = (
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``conformance run``."""
     for profile, flag, example in TEMPLATE_OPTIONS:
+        # The manifest-* templates are command lines of the one manifest profile.
+        what = "profile" if profile in PROFILES else "template of the manifest profile"
         p.add_argument(flag, dest=profile.replace("-", "_"), metavar="TEMPLATE",
-                       help=f"command for the {profile} profile, e.g. {example}")  # fmt: skip
+                       help=f"command for the {profile} {what}, e.g. {example}")  # fmt: skip
     p.add_argument(
         "--vectors",
         type=Path,
@@ -65,6 +67,13 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="GLOB",
         help="run only cases whose id matches (repeatable), e.g. 'decoder/*'",
+    )
+    p.add_argument(
+        "--suite-version",
+        type=int,
+        metavar="N",
+        help="judge against suite version N: run only the cases it (or an older one) "
+        "introduced (default: every case of this suite)",
     )
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--strict", action="store_true", help="a wrong error category fails")
@@ -122,7 +131,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.max_size_ratio is not None and not args.max_size_ratio > 0:
         raise BadArgumentError("--max-size-ratio must be > 0")
     manifest = load(args.vectors or default_vectors(), check_files=not args.list)
-    cases = select(manifest.cases, args.filter)
+    cases = select(of_version(manifest, args.suite_version), args.filter)
     if not cases:
         raise BadArgumentError(f"no case matches {args.filter}")
     if args.list:
@@ -136,9 +145,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     opts = Options(args.timeout, args.jobs, args.strict, args.fail_fast, args.work_dir,
                    max_size_ratio=args.max_size_ratio)  # fmt: skip
     results = run_all(manifest, cases, impl, opts, _printer(args.verbose))
-    sys.stdout.write(report.text(results, impl.name, manifest))
+    judged = args.suite_version or manifest.raw["manifest_version"]
+    sys.stdout.write(report.text(results, impl.name, manifest, judged))
     if args.json_report is not None:
-        data = report.json_bytes(report.to_json(results, manifest, described, opts, args.filter))
+        data = report.json_bytes(
+            report.to_json(results, manifest, described, opts, args.filter, judged)
+        )
         report.write_report(args.json_report, data, manifest.root)
     if args.junit is not None:
         report.write_report(args.junit, report.junit_bytes(results), manifest.root)

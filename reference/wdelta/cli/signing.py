@@ -32,7 +32,8 @@ from ..chain.trust import (
     expires_in,
     format_time,
     make_root,
-    parse_root,
+    parse_predecessor,
+    read_previous_root,
     read_root_file,
     root_key,
 )
@@ -61,7 +62,7 @@ def _cmd_root(args: argparse.Namespace) -> int:
     """Write a root: its root role (offline keys, they sign roots) and its revisions
     role (online keys, they sign revisions), signed by root keys (``--sign``) of this
     root and, for a rotation, of the previous root's root role."""
-    previous = None if args.previous is None else read_root_file(Path(args.previous))
+    previous = None if args.previous is None else read_previous_root(Path(args.previous))
     chain_id = args.chain_id or (previous.chain if previous else None)
     if chain_id is None:
         raise BadArgumentError("a first root needs --chain-id NAME")
@@ -114,7 +115,7 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
         if new.version != last + 1:
             raise ConflictError(f"the chain's newest root is version {last}; {args.root} is "
                                 f"version {new.version}, not {last + 1}")  # fmt: skip
-        old = parse_root(storage.read(root_key(last), MAX_DOCUMENT_BYTES), root_key(last))
+        old = parse_predecessor(storage.read(root_key(last), MAX_DOCUMENT_BYTES), root_key(last))
         check_successor(new, old, str(args.root))
     if not storage.create(root_key(new.version), new.to_bytes()):
         raise ConflictError(f"root version {new.version} was stored meanwhile")
@@ -359,7 +360,9 @@ def _register_root(commands: Commands) -> None:
                    help="an online key that signs revisions (repeatable)")  # fmt: skip
     p.add_argument("--revision-threshold", type=int, default=1,
                    help="revision key signatures a revision needs (1)")  # fmt: skip
-    p.add_argument("--previous", default=None, metavar="ROOT", help="the root this one rotates")
+    p.add_argument("--previous", default=None, metavar="ROOT",
+                   help="the root this one rotates (of format version 2, or 1 to migrate: "
+                   "its keys then sign as the root role)")  # fmt: skip
     options.add_sign(p, "a private root key signing it (of this root or --previous)",
                      expires_days=365.0, expires_help="validity in days ({:g})")  # fmt: skip
     p.set_defaults(func=_cmd_root)

@@ -9,7 +9,7 @@ reserved for the chain layer).
 
 from .impl import Outcome, Reference, Templates
 from .manifest import Case, Manifest, default_vectors, load
-from .runner import Options, Result, run_all, select
+from .runner import Options, Result, of_version, run_all, select
 
 __all__ = [
     "Case",
@@ -21,6 +21,7 @@ __all__ = [
     "Templates",
     "default_vectors",
     "load",
+    "of_version",
     "run_all",
     "select",
 ]

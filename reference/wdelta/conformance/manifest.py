@@ -113,6 +113,7 @@ class Case:
     reverse_output: Output | None
     reference_delta_bytes: int | None
     information_bytes: int | None
+    since: int = 1  # the suite version that introduced the case
 
     @property
     def expected(self) -> str:
@@ -161,7 +162,7 @@ def _case(raw: dict[str, Any]) -> Case:
         raw["spec"]["rule"], {role: _input(v) for role, v in raw["inputs"].items()},
         raw.get("out"), expect["outcome"], expect.get("category"), _output(expect.get("output")),
         _output(expect.get("reverse_output")), expect.get("reference_delta_bytes"),
-        expect.get("information_bytes"),
+        expect.get("information_bytes"), raw["since"],
     )  # fmt: skip
 
 

@@ -61,9 +61,13 @@ def _table(title: str, rows: dict[str, dict[str, int]]) -> list[str]:
     return lines
 
 
-def text(results: Sequence[Result], impl_name: str, manifest: Manifest) -> str:
-    """The human summary: each failure with its rule and command, then the tables."""
-    lines = [f"wdelta conformance suite v{manifest.raw['manifest_version']} "
+def text(results: Sequence[Result], impl_name: str, manifest: Manifest,
+         judged: int | None = None) -> str:  # fmt: skip
+    """The human summary: each failure with its rule and command, then the tables;
+    ``judged``: the suite version whose cases were run (default: the manifest's)."""
+    newest = manifest.raw["manifest_version"]
+    older = f", judged against suite v{judged}'s cases" if judged and judged != newest else ""
+    lines = [f"wdelta conformance suite v{newest}{older} "
              f"(format v{manifest.raw['format_version']}), {len(results)} cases, "
              f"implementation: {impl_name}", ""]  # fmt: skip
     for r in results:
@@ -82,11 +86,14 @@ def text(results: Sequence[Result], impl_name: str, manifest: Manifest) -> str:
 
 
 def to_json(results: Sequence[Result], manifest: Manifest, impl: dict[str, Any],
-            opts: Options, filters: Sequence[str]) -> dict[str, Any]:  # fmt: skip
-    """The JSON report (schema ``conformance-report``)."""
+            opts: Options, filters: Sequence[str], judged: int | None = None,
+            ) -> dict[str, Any]:  # fmt: skip
+    """The JSON report (schema ``conformance-report``); ``judged``: the suite version
+    whose cases were run (default: the manifest's)."""
     return {
         "report_version": REPORT_VERSION,
         "suite": {"manifest_version": manifest.raw["manifest_version"],
+                  "judged_version": judged or manifest.raw["manifest_version"],
                   "format_version": manifest.raw["format_version"],
                   "manifest_sha256": manifest.sha256, "cases": len(manifest.cases)},
         "implementation": impl,

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import BadArgumentError
 from .impl import Implementation
 from .judge import FAIL, NOT_TESTED, SKIPPED, SOFT, Verdict, judge, reference_output
 from .manifest import Case, Manifest, sha256_file
@@ -51,6 +52,19 @@ class Result:
     observed: str
     command: str
     seconds: float
+
+
+def of_version(manifest: Manifest, version: int | None) -> list[Case]:
+    """The cases of suite version ``version`` (those that it, or an older one, introduced);
+    every case for None.  A version above the manifest's, or below 1, is a bad argument."""
+    newest = manifest.raw["manifest_version"]
+    if version is None:
+        return list(manifest.cases)
+    if not 1 <= version <= newest:
+        raise BadArgumentError(
+            f"--suite-version {version}: this suite holds versions 1 to {newest}"
+        )
+    return [c for c in manifest.cases if c.since <= version]
 
 
 def select(cases: Iterable[Case], patterns: Sequence[str]) -> list[Case]:

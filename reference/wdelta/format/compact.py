@@ -168,7 +168,12 @@ def _expand_side(
             text = _base_file(base, f["same_as_base"], name)
         elif f.get("canonical") is True:
             mine = by_file.get(None if owner is None else path, [])
-            layout = build_header(mine, f.get("metadata"))
+            try:
+                layout = build_header(mine, f.get("metadata"))
+            except CheckpointInvalidError as exc:
+                # L1: the canonical header of these tensors is no safetensors header (a
+                # tensor named __metadata__); a delta is refused as a delta, not an input.
+                raise HeaderInvalidError(f"{name} canonical file {path}: {exc}") from exc
             text = layout.header_text
             built[text] = layout
         else:
