@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from test_chain_distributed_unit import group  # noqa: F401 (a fixture)
 from test_chain_follow_weights import copy, publisher, same
 from test_chain_parts import published
 from wdelta import chain
@@ -52,6 +53,20 @@ def test_follower_evicts_a_planted_part(tmp_path: Path) -> None:
                                     max_failures=1, on_error=lambda e, n: errors.append(e))
     got = list(follower)
     assert [v.number for v in got] == [2] and not errors
+    assert same(weights, history[2])
+
+
+@pytest.mark.usefixtures("group")  # a process group of one rank
+def test_group_follower_evicts_a_planted_part(tmp_path: Path) -> None:
+    from wdelta.chain.group_follow import follow_in_group
+
+    c, history = published(tmp_path, 2)
+    cache = tmp_path / "node-cache"
+    plant_part(tmp_path, c, cache)
+    node = chain.Chain(chain.LocalStorage(tmp_path / "store"), cache)
+    weights = copy(history[1])
+    got = list(follow_in_group(node, weights, at=1, interval=0, max_polls=1))
+    assert [v.number for v in got] == [2]
     assert same(weights, history[2])
 
 

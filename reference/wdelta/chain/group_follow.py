@@ -18,6 +18,7 @@ keeps in a state file, as ``follow_weights`` does.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
@@ -29,6 +30,7 @@ from . import graph
 from .acceptance import Tracker
 from .collective import Group, Outcome
 from .errors import ChainBrokenError, ManifestInvalidError
+from .fetch import evicting
 from .live import Applied, _apply_link, _keep_roots, needs_state
 from .manifest import Manifest, Version
 from .store import Chain, as_chain
@@ -124,9 +126,10 @@ def _poll(
         m = _revision(chain, revision, digest)
         hops = _plan(m, current)
         for hop in hops:
-            assert hop.link is not None
-            applied.append(_apply_link(chain, m, hop.link, weights, hop.reverse, tensors,
-                                       threads))  # fmt: skip
+            link = hop.link
+            assert link is not None
+            applied.append(evicting(chain, link.files, functools.partial(
+                _apply_link, chain, m, link, weights, hop.reverse, tensors, threads)))  # fmt: skip
         mine.value = m.head.number if hops else None
     except WdeltaError as exc:
         mine = Outcome.failed(exc)
