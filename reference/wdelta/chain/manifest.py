@@ -29,6 +29,7 @@ from ..errors import (
 )
 from ..format import schemas, strictjson
 from ..format.digest import digest_bytes
+from ..io.filekind import os_message
 from ..limits import MAX_MANIFEST_BYTES
 from . import graph
 from .errors import ChainBrokenError, ManifestInvalidError, NotFoundError
@@ -384,5 +385,5 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise NotFoundError(f"cannot read {p}: {exc}") from exc
+        raise NotFoundError(os_message(p, exc)) from exc
     return parse_manifest(data, expected_revision=revision_of_key(f"{MANIFEST_PREFIX}{p.name}"))

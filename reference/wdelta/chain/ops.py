@@ -109,9 +109,34 @@ def append(
         out = Path(tmp) / "link.wdelta"
         api.diff(base, checkpoint, out, level=options.level, threads=options.threads,
                  chunk_elements=options.chunk_elements)  # fmt: skip
+        _check_ends(chain, out, base, checkpoint)
         snapshot = checkpoint if options.snapshot else None
         return append_delta(chain, out, step=step, metadata=metadata, snapshot=snapshot,
                             progress=progress)  # fmt: skip
+
+
+def _check_ends(chain: Chain, delta: Path, base: Path, checkpoint: Path) -> None:
+    """Refuse the link ``delta`` that ``append`` encoded from ``base`` to ``checkpoint``
+    unless it leads from a version to a new one, naming the files the caller gave
+    (``delta`` is a temporary file it never saw)."""
+    m = chain.head()
+    with open_delta(delta) as d:
+        src, dst = d.header.raw["base"]["digest"], d.header.raw["target"]["digest"]
+    if m.by_digest(src) is None:
+        raise BaseMismatchError(
+            f"{base} is not a version of the chain at {chain.url}: base=BASE must be the "
+            f"checkpoint of one of its versions, normally the head (version "
+            f"{m.head.number}, as pulled from the chain)"
+        )
+    if (known := m.by_digest(dst)) is not None:
+        raise ConflictError(_already(str(checkpoint), known, chain))
+
+
+def _already(what: str, version: Version, chain: Chain) -> str:
+    return (
+        f"{what} is already version {version.number} of the chain at {chain.url} "
+        f"(digest {version.digest[:16]}): nothing to publish"
+    )
 
 
 def append_delta(
@@ -133,8 +158,8 @@ def append_delta(
         reversible = d.header.reversible
     if m.by_digest(src) is None:
         raise BaseMismatchError(f"the base of {delta} is not a version of the chain")
-    if m.by_digest(dst) is not None:
-        raise ConflictError(f"the target of {delta} is already version {m.by_digest(dst)}")
+    if (known := m.by_digest(dst)) is not None:
+        raise ConflictError(_already(f"the target of {delta}", known, chain))
     digest, size = file_digest(delta, "blake3"), delta.stat().st_size
     chain.upload(delta_key(digest), delta, digest, "blake3", progress)
     snap = upload_snapshot(chain, 0, snapshot, progress) if snapshot is not None else None

@@ -35,6 +35,7 @@ import blake3
 from ..arguments import PathLike, as_path, check_seconds
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError, WdeltaError
 from ..format.digest import digest_bytes
+from ..io.filekind import os_message
 from ..limits import MAX_MANIFEST_BYTES
 from .errors import ConflictError, ManifestInvalidError, NotFoundError, SignatureInvalidError
 from .manifest import (
@@ -68,7 +69,7 @@ def file_digest(path: Path, algorithm: str) -> str:
             while block := f.read(_HASH_BLOCK):
                 h.update(block)
     except OSError as exc:
-        raise StorageError(f"cannot read {path}: {exc}") from exc
+        raise StorageError(os_message(path, exc)) from exc
     return str(h.hexdigest())
 
 
