@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import wdelta.chain.acceptance
-import wdelta.chain.graph
 import wdelta.chain.manifest
 import wdelta.chain.ops
 import wdelta.chain.parts
@@ -101,7 +100,7 @@ def main(mode: str, args: list[str]) -> int:
     if mode == "plain-json":
         wdelta.chain.manifest._load_json = plain_json  # type: ignore[assignment]
     if mode == "no-reachability":
-        wdelta.chain.graph.unreachable = lambda m: []  # type: ignore[assignment]
+        wdelta.chain.manifest.unreachable_versions = lambda m: []  # type: ignore[assignment]
     if mode == "skip-missing":
         wdelta.chain.ops.check_files = skip_missing
     if mode == "ignore-signatures":

@@ -31,7 +31,6 @@ from ..format import schemas, strictjson
 from ..format.digest import digest_bytes
 from ..io.filekind import os_message
 from ..limits import MAX_MANIFEST_BYTES
-from . import graph
 from .errors import ChainBrokenError, ManifestInvalidError, NotFoundError
 from .smallfile import open_regular, read_bounded
 
@@ -309,10 +308,27 @@ def parse_manifest(data: bytes, *, expected_revision: int | None = None) -> Mani
     _check_versions(m.versions)
     _check_snapshots(m)
     _check_links(m)
-    unreachable = graph.unreachable(m)
-    if unreachable:
+    if unreachable := unreachable_versions(m):
         raise ChainBrokenError(f"versions {unreachable[:5]} cannot be reached from any snapshot")
     return m
+
+
+def unreachable_versions(m: Manifest) -> list[int]:
+    """Version numbers that no path from a snapshot reaches: a link leads from its
+    source to its target and, when reversible, back (as ``graph`` plans downloads)."""
+    steps: dict[int, list[int]] = {}
+    for k in m.links:
+        steps.setdefault(k.source, []).append(k.target)
+        if k.reversible:
+            steps.setdefault(k.target, []).append(k.source)
+    seen = {s.version for s in m.snapshots}
+    todo = list(seen)
+    while todo:
+        for number in steps.get(todo.pop(), ()):
+            if number not in seen:
+                seen.add(number)
+                todo.append(number)
+    return [v.number for v in m.versions if v.number not in seen]
 
 
 def _check_parent(m: Manifest) -> None:
