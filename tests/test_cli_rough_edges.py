@@ -219,3 +219,103 @@ def test_an_unreadable_file_in_process(
 )  # fmt: skip
 def test_os_message(exc: OSError, reason: str) -> None:
     assert os_message(Path("a/b"), exc) == f"a/b: {reason}"
+
+
+# ---------------------------------------------------------------- other wrong ways
+
+LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"ab" * 32 + b"\nsize 4096\n"
+HTML = b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head></html>\n"
+
+
+@pytest.fixture(scope="module")
+def impostors(folder: Path) -> dict[str, tuple[Path, str]]:
+    """Files that are not JSON documents: (path, what the message calls it)."""
+    (folder / "lfs.json").write_bytes(LFS)
+    (folder / "page.json").write_bytes(HTML)
+    return {
+        "delta": (folder / "d.wdelta", "is a wdelta delta, not a {want}"),
+        "checkpoint": (folder / "B.safetensors", "is a safetensors checkpoint, not a {want}"),
+        "lfs": (folder / "lfs.json", "is a Git LFS pointer, not the file: run `git lfs pull`"),
+        "page": (folder / "page.json", "is an HTML page (a failed download?), not a {want}: "
+                 "download it again"),
+    }  # fmt: skip
+
+
+# (CLI arguments, {f}: the fixture's folder, {x}: the impostor; category; what it wants)
+DOCUMENTS = [
+    ("chain check {x}", "manifest-invalid", "manifest revision"),
+    ("chain pull {f}/fleet {f}/out --trust {x}", "bad-argument", "trust root"),
+    ("chain rotate {f}/fleet {x}", "bad-argument", "trust root"),
+    ("chain refresh {f}/fleet --sign {x}", "bad-argument", "signing key file"),
+]
+
+
+@pytest.mark.parametrize("kind", ["delta", "checkpoint", "lfs", "page"])
+@pytest.mark.parametrize(("argv", "category", "want"), DOCUMENTS, ids=[c[2] for c in DOCUMENTS])
+def test_a_file_of_another_kind_where_a_json_document_goes(
+    folder: Path, impostors: dict[str, tuple[Path, str]], kind: str, argv: str, category: str,
+    want: str,
+) -> None:  # fmt: skip
+    path, reason = impostors[kind]
+    result = run(*argv.format(f=folder, x=path).split())
+    assert_error(result, category)
+    assert result.stderr == f"error: {category}: {path} {reason.format(want=want)}\n"
+
+
+def test_chain_init_in_a_file_says_a_chain_is_a_folder(folder: Path) -> None:
+    result = run("chain", "init", folder / "d.wdelta", folder / "B.safetensors")
+    assert_error(result, "bad-argument")
+    assert f"{folder / 'd.wdelta'} is a file; a chain is stored in a folder" in result.stderr
+    assert "snapshots/" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A chain "fleet" at versions 0..2 (c0..c2), and other.safetensors of another model."""
+    root = tmp_path_factory.mktemp("grown")
+    for n in range(3):
+        _checkpoint(root / f"c{n}.safetensors", n)
+    _checkpoint(root / "other.safetensors", 0, ("a", "b"))
+    assert run("chain", "init", root / "fleet", root / "c0.safetensors").returncode == 0
+    for n in (1, 2):
+        base = root / f"c{n - 1}.safetensors"
+        argv = ("chain", "append", root / "fleet", root / f"c{n}.safetensors", "--base", base)
+        assert run(*argv).returncode == 0
+    return root
+
+
+@pytest.mark.parametrize(
+    ("base", "why"), [("c1", "its digest is "), ("other", "missing ['w'], unexpected ['a', 'b']")]
+)
+def test_squash_from_a_wrong_base_names_base(grown: Path, base: str, why: str) -> None:
+    """Not "chain-broken: squashed delta goes ...": the chain is fine, --base is not."""
+    path = grown / f"{base}.safetensors"
+    result = run("chain", "squash", grown / "fleet", "--from", "0", "--base", path)
+    assert_error(result, "base-mismatch")
+    assert result.stderr.startswith(
+        f"error: base-mismatch: {path} is not version 0 of the chain at {grown / 'fleet'} ({why}"
+    ), result.stderr
+    assert "--base BASE must be the checkpoint of the version squashed from" in result.stderr
+
+
+def test_a_structure_difference_lists_only_what_differs(grown: Path) -> None:
+    assert run("diff", grown / "c0.safetensors", grown / "c1.safetensors", "-o",
+               grown / "d.wdelta", "-q").returncode == 0  # fmt: skip
+    result = run("verify", grown / "d.wdelta", "--base", grown / "other.safetensors")
+    assert_error(result, "base-mismatch")
+    assert result.stderr.endswith(": missing ['w'], unexpected ['a', 'b']\n"), result.stderr
+
+
+def test_pull_onto_a_checkpoint_of_another_chain_says_what_to_do(grown: Path) -> None:
+    other = grown / "other.safetensors"
+    before = other.read_bytes()
+    result = run("chain", "pull", grown / "fleet", other)
+    assert_error(result, "not-found")
+    assert "is not a version of this chain: pull to another path, or remove it" in result.stderr
+    assert other.read_bytes() == before
+
+
+def test_pull_to_an_unknown_version_lists_the_versions(grown: Path) -> None:
+    result = run("chain", "pull", grown / "fleet", grown / "node.safetensors", "--to", "9")
+    assert_error(result, "not-found")
+    assert "unknown version '9': the chain has versions 0 to 2 (a number, 'head'" in result.stderr

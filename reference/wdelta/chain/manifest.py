@@ -29,7 +29,7 @@ from ..errors import (
 )
 from ..format import schemas, strictjson
 from ..format.digest import digest_bytes
-from ..io.filekind import os_message
+from ..io.filekind import document_refusal, naming, os_message
 from ..limits import MAX_MANIFEST_BYTES
 from .errors import ChainBrokenError, ManifestInvalidError, NotFoundError
 from .smallfile import open_regular, read_bounded
@@ -175,7 +175,10 @@ class Manifest:
         found = [v for v in self.versions if _matches(v, str(ref))]
         if len(found) != 1:
             what = "ambiguous" if found else "unknown"
-            raise NotFoundError(f"{what} version {ref!r}")
+            raise NotFoundError(
+                f"{what} version {ref!r}: the chain has versions {self.versions[0].number} to "
+                f"{self.head.number} (a number, 'head', 'step:N' or 16+ hex digits of a digest)"
+            )
         return found[0]
 
     def by_digest(self, digest: str) -> Version | None:
@@ -402,4 +405,7 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
             os.close(fd)
     except OSError as exc:
         raise NotFoundError(os_message(p, exc)) from exc
-    return parse_manifest(data, expected_revision=revision_of_key(f"{MANIFEST_PREFIX}{p.name}"))
+    if (impostor := document_refusal(p, data, "manifest revision")) is not None:
+        raise ManifestInvalidError(impostor)
+    with naming(p, ManifestInvalidError):
+        return parse_manifest(data, expected_revision=revision_of_key(f"{MANIFEST_PREFIX}{p.name}"))

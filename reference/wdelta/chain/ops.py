@@ -38,6 +38,7 @@ from .manifest import (
 )
 from .partial import read_remote_header
 from .parts import check_part_set
+from .storage import LocalStorage
 from .storage.base import Progress
 from .store import Chain, as_chain, file_digest
 
@@ -76,6 +77,11 @@ def init(
     _check_version_fields(step, metadata)
     if chain.revisions():
         raise ConflictError(f"{chain.storage.url}: a chain already exists here")
+    if isinstance(chain.storage, LocalStorage) and chain.storage.root.is_file():
+        raise BadArgumentError(
+            f"{chain.storage.url} is a file; a chain is stored in a folder (or at s3://, "
+            "hf://): give the path of a new folder"
+        )
     version = Version(0, digest_of_path(checkpoint), step, utc_now(), dict(metadata or {}))
     snapshot = upload_snapshot(chain, 0, checkpoint, progress)
     return chain.create_first(new_manifest(version, snapshot))

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from ..errors import BadArgumentError, StorageError
 from ..format import strictjson
 from ..io.atomic import atomic_file
-from ..io.filekind import os_message
+from ..io.filekind import document_refusal, os_message
 from ..limits import MAX_DOCUMENT_BYTES
 from .smallfile import read_regular
 
@@ -107,6 +107,8 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
             f"{path} is {why}: not a {what}"))  # fmt: skip
     except FileNotFoundError as exc:
         raise StorageError(os_message(path, exc)) from exc
+    if (impostor := document_refusal(path, data, what)) is not None:
+        raise BadArgumentError(impostor)
     try:
         raw = strictjson.loads(data, BadArgumentError, f"{path}")
     except BadArgumentError as exc:

@@ -130,6 +130,21 @@ def delta_refusal(path: Path, kind: str) -> WdeltaError:
     return _mixed_up(error(message), kind in (SAFETENSORS, INDEX))
 
 
+def document_refusal(path: Path, data: bytes, want: str) -> str | None:
+    """Why the file ``path`` holding ``data`` cannot be the JSON document ``want`` (a
+    trust root, a key, a manifest revision) when it is of a kind known to be something
+    else; None when it has to be parsed to tell."""
+    reasons = {
+        **_ALWAYS,
+        WDELTA: "is a wdelta delta, not a {want}",
+        SAFETENSORS: "is a safetensors checkpoint, not a {want}",
+        ZIP: "is a zip archive, not a {want}",
+        INDEX: "is the index of a sharded checkpoint, not a {want}",
+    }
+    reason = reasons.get(sniff(data[:SNIFF_BYTES], len(data), path.name))
+    return None if reason is None else f"{path} " + reason.format(want=want)
+
+
 def folder_refusal(path: Path) -> StorageError:
     """A folder given where a delta (one file) goes."""
     return _mixed_up(StorageError(f"{path} is a folder; a delta is one .wdelta file"), True)
