@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kit import RawTensor, safetensors_bytes
+from test_chain_distributed_unit import group  # noqa: F401 (a fixture)
 from test_cli import assert_error, run
 from wdelta import cli
 from wdelta.io.filekind import os_message
@@ -319,3 +320,36 @@ def test_pull_to_an_unknown_version_lists_the_versions(grown: Path) -> None:
     result = run("chain", "pull", grown / "fleet", grown / "node.safetensors", "--to", "9")
     assert_error(result, "not-found")
     assert "unknown version '9': the chain has versions 0 to 2 (a number, 'head'" in result.stderr
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_a_publisher_resumed_from_no_version_says_so(
+    grown: Path, tmp_path: Path, request: pytest.FixtureRequest, distributed: bool
+) -> None:
+    """A ``previous=`` that is none of the chain's versions: not a temporary file's name
+    (``Publisher``), not "the chain changed" (``DistributedPublisher``)."""
+    from wdelta import chain
+    from wdelta.chain.distributed import DistributedPublisher
+    from wdelta.errors import WdeltaError
+
+    store = chain.Chain(grown / "fleet", cache=tmp_path / "cache")
+    previous, _ = chain.load(store)
+    changed = {n: a.copy() for n, a in previous.items()}
+    changed["w"].view(np.uint16)[0] ^= 1
+    nxt = {n: a.copy() for n, a in changed.items()}
+    nxt["w"].view(np.uint16)[1] ^= 1
+    if distributed:
+        request.getfixturevalue("group")
+        pub: chain.Publisher | DistributedPublisher = DistributedPublisher(store, previous=changed)
+    else:
+        pub = chain.Publisher(store, previous=changed)
+    with pytest.raises(WdeltaError) as info:
+        pub.publish(nxt, step=9)
+    category, words = (
+        ("conflict", "a publisher's previous= is not one of its versions")
+        if distributed
+        else ("base-mismatch", "resume with previous= the weights of one of its versions")
+    )
+    assert info.value.category == category
+    assert words in str(info.value) and "wdelta-publish" not in str(info.value)
+    assert len(store.head().versions) == 3

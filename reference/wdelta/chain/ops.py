@@ -182,8 +182,15 @@ def _appending(
 
     def update(cur: Manifest) -> Manifest:
         source = cur.by_digest(src)
-        if source is None or cur.by_digest(dst) is not None:
-            raise ConflictError("the chain changed: base pruned or version already published")
+        if source is None:
+            # Checked before the upload by append and append_parts, not by a publisher
+            # resumed with previous=: the one case that is no race.
+            raise ConflictError(
+                f"the new link's base (digest {src[:16]}) is not a version of the chain: it "
+                "was pruned meanwhile, or a publisher's previous= is not one of its versions"
+            )
+        if cur.by_digest(dst) is not None:
+            raise ConflictError("the chain changed: the version was published meanwhile")
         number = cur.head.number + 1
         steps = [v.step for v in cur.versions if v.step is not None]
         if step is not None and steps and steps[-1] >= step:
