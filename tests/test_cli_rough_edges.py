@@ -353,3 +353,21 @@ def test_a_publisher_resumed_from_no_version_says_so(
     assert info.value.category == category
     assert words in str(info.value) and "wdelta-publish" not in str(info.value)
     assert len(store.head().versions) == 3
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_changed_names_of_a_multi_part_link(tmp_path: Path, cached: bool) -> None:
+    """What ``DistributedPublisher`` writes: the names come from every part's header
+    (not an AssertionError on the link's key)."""
+    from test_chain_parts import published
+    from wdelta import chain
+    from wdelta.ops import engines
+
+    c, history = published(tmp_path, steps=2)
+    m = c.head()
+    assert all(len(k.parts) == 2 for k in m.links)
+    if cached:
+        chain.pull(c, tmp_path / "node.safetensors")  # the parts are now in the cache
+    changed = sorted(n for n in history[2] if (history[1][n] != history[2][n]).any())
+    assert sorted(engines.changed_names(c, m, 1, 2) or []) == changed
+    assert sorted(engines.changed_names(c, m, 2, 1) or []) == changed

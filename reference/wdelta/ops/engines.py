@@ -29,6 +29,7 @@ from ..arguments import check_int, check_mapping
 from ..chain.fetch import check_link_header
 from ..chain.manifest import Link, Manifest
 from ..chain.partial import read_remote_header
+from ..chain.parts import check_part_set
 from ..chain.store import Chain
 from ..errors import BadArgumentError
 from ..format.container import open_delta
@@ -216,23 +217,30 @@ def changed_names(chain: Chain, m: Manifest, before: int, after: int) -> list[st
     for link in m.links:
         if (link.source, link.target) in ((before, after), (after, before)):
             reverse = link.source == after
-            header = _header(chain, m, link)
             new = "removed" if reverse else "added"
-            return [t.name for t in header.tensors if t.op in ("modified", new)]
+            headers = _headers(chain, m, link)
+            return [t.name for h in headers for t in h.tensors if t.op in ("modified", new)]
     return None
 
 
-def _header(chain: Chain, m: Manifest, link: Link) -> Header:
-    """The link's header (from the cache, verified whole when downloaded, or read with
-    ranged requests, its digest checked), naming the link's versions."""
-    cached = chain.cached_path(link.digest)
-    if cached is not None:
-        with open_delta(cached) as d:
-            header = d.header
+def _headers(chain: Chain, m: Manifest, link: Link) -> list[Header]:
+    """The headers of the link's files (a multi-part link has one per part), each from
+    the cache, verified whole when downloaded, or read with ranged requests, its digest
+    checked; checked against the link's versions."""
+    headers = []
+    for f in link.files:
+        cached = chain.cached_path(f.digest)
+        if cached is not None:
+            with open_delta(cached) as d:
+                headers.append(d.header)
+        else:
+            headers.append(read_remote_header(chain.storage, f)[0])
+    if link.parts:
+        want = (m.version(link.source).digest, m.version(link.target).digest)
+        check_part_set(headers, want, link.reversible, f"link {link.source}->{link.target}")
     else:
-        header = read_remote_header(chain.storage, link)[0]
-    check_link_header(m, link, header)
-    return header
+        check_link_header(m, link, headers[0])
+    return headers
 
 
 def updates(weights: Mapping[str, Any], names: Iterable[str] | None) -> Iterator[tuple[str, Any]]:
