@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 
 from kit import RawTensor, safetensors_bytes
 from test_chain_distributed_unit import group  # noqa: F401 (a fixture)
-from test_cli import assert_error, run
+from test_cli import ENV, WDELTA, assert_error, run
 from wdelta import cli
 from wdelta.io.filekind import os_message
 
@@ -371,3 +372,26 @@ def test_changed_names_of_a_multi_part_link(tmp_path: Path, cached: bool) -> Non
     changed = sorted(n for n in history[2] if (history[1][n] != history[2][n]).any())
     assert sorted(engines.changed_names(c, m, 1, 2) or []) == changed
     assert sorted(engines.changed_names(c, m, 2, 1) or []) == changed
+
+
+@pytest.mark.parametrize("typo", ["s3:/bucket/run", "hf:user/repo"])
+def test_a_mistyped_url_is_not_a_local_folder(tmp_path: Path, typo: str) -> None:
+    """``s3:/bucket`` (one slash) would have created a local folder named ``s3:``."""
+    result = subprocess.run([str(WDELTA), "chain", "init", typo, _checkpoint(
+        tmp_path / "b.safetensors", 0)], cwd=tmp_path, capture_output=True, text=True, env=ENV,
+        timeout=300)  # fmt: skip
+    assert_error(result, "bad-argument")
+    scheme, _, rest = typo.partition(":")
+    assert f"did you mean {scheme}://{rest.lstrip('/')}?" in result.stderr
+    assert not (tmp_path / f"{scheme}:").exists()
+
+
+def test_a_partial_pull_that_matches_no_tensor_warns(grown: Path, tmp_path: Path) -> None:
+    local = tmp_path / "node.safetensors"
+    result = run("chain", "pull", grown / "fleet", local, "--tensors", "layers.*")
+    assert result.returncode == 0, result.stderr
+    assert f"warning: --tensors 'layers.*' matches no tensor of the version: {local}" in (
+        result.stderr
+    )
+    result = run("chain", "pull", grown / "fleet", tmp_path / "w.safetensors", "--tensors", "w")
+    assert result.returncode == 0 and "matches no tensor" not in result.stderr
