@@ -108,6 +108,7 @@ NOT_THERE = [
     ("chain append {f}/fleet {f}/T.safetensors --base {f}/B.safetensors --sign {x}", "io-error"),
     ("chain check {x}", "not-found"),
     ("chain check {f}/fleet/manifests/rev-000000000001.json --after {x}", "bad-argument"),
+    ("chain check {f}/fleet/manifests/rev-000000000001.json --store {x}", "not-found"),
     ("chain pull {f}/fleet {f}/out --trust {x}", "io-error"),
     ("chain rotate {f}/fleet {x}", "io-error"),
     ("chain refresh {f}/fleet --sign {x}", "io-error"),
