@@ -3,7 +3,7 @@
 The graph's nodes are version numbers.  A link is an edge from its older to
 its newer version and, when the delta is reversible, also back; a snapshot is
 an edge from "nothing" to its version.  Edge costs are bytes to download.
-(Which versions no path reaches is a rule of the manifest: ``manifest.unreachable``.)
+(Which versions no path reaches is a rule of the manifest: ``manifest.unreachable_versions``.)
 """
 
 from __future__ import annotations
