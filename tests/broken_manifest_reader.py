@@ -45,7 +45,6 @@ from typing import Any
 import wdelta.chain.acceptance
 import wdelta.chain.errors
 import wdelta.chain.fetch
-import wdelta.chain.graph
 import wdelta.chain.manifest
 import wdelta.chain.ops
 import wdelta.chain.parts
@@ -274,7 +273,7 @@ def main(mode: str, args: list[str]) -> int:
     if mode == "plain-json":
         wdelta.chain.manifest._load_json = plain_json  # type: ignore[assignment]
     if mode == "no-reachability":
-        wdelta.chain.graph.unreachable = lambda m: []  # type: ignore[assignment]
+        wdelta.chain.manifest.unreachable_versions = lambda m: []  # type: ignore[assignment]
     if mode == "skip-missing":
         wdelta.chain.ops.check_files = skip_missing
     if mode == "ignore-signatures":

@@ -30,6 +30,7 @@ from ..errors import BadArgumentError, StorageError, WdeltaError
 from ..format import schemas, strictjson
 from ..format.digest import digest_bytes
 from ..io.atomic import atomic_file
+from ..io.filekind import os_message
 from ..io.output_file import pwrite_all
 from .errors import ManifestInvalidError, SignatureInvalidError
 from .manifest import Manifest, read_manifest, utc_now
@@ -196,7 +197,7 @@ def check_after(path: PathLike, m: Manifest, seen: PathLike,
     try:
         digest = digest_bytes(path.read_bytes())
     except OSError as exc:
-        raise StorageError(f"cannot read {path}: {exc}") from exc
+        raise StorageError(os_message(path, exc)) from exc
     check(accepted_file(seen), m.revision, digest, m.parent, stored_digest)
 
 
@@ -216,7 +217,7 @@ def check_state(
     try:
         digest = digest_bytes(path.read_bytes())
     except OSError as exc:
-        raise StorageError(f"cannot read {path}: {exc}") from exc
+        raise StorageError(os_message(path, exc)) from exc
     record = accepted.trust
     if record is not None and policy is None:
         raise SignatureInvalidError(_unsigned_refusal(str(state), accepted.revision, record))

@@ -23,10 +23,10 @@ import numpy as np
 from ..arguments import PathLike, as_path
 from ..checkpoint.source import Checkpoint, Scratch, Tensor, Words, open_checkpoint
 from ..codec import chunk as chunk_codec
-from ..errors import BadArgumentError
+from ..errors import BadArgumentError, BaseMismatchError
 from ..format.container import DeltaFile, open_delta
 from ..io.atomic import temp_dir
-from ..ops.decoder import check_input
+from ..ops.decoder import check_input, structure_difference
 from ..ops.encoder import DiffOptions, diff_checkpoints
 from . import graph
 from .errors import ChainBrokenError, ConflictError
@@ -146,13 +146,16 @@ def squash(
             deltas = [
                 stack.enter_context(open_delta(fetch_link(chain, m, k, progress))) for k in links
             ]
+            given = base
             if base is None:
                 base = _materialize(chain, src.number, deltas[0], Path(tmp), progress)
             start = stack.enter_context(open_checkpoint(base))
+            if given is not None:
+                _check_given_base(chain, src.number, given, start, deltas[0])
             sizes = {d.header.chunk_elements for d in deltas}
             opts = DiffOptions(level, threads, min(sizes), True)
             diff_checkpoints(start, compose(start, deltas), out, opts)
-        link = _check_and_upload(chain, m, src.number, dst.number, out, progress)
+        link = _check_and_upload(chain, m, src.number, dst.number, out, progress, given)
 
     def update(cur: Manifest) -> Manifest:
         if cur.by_digest(src.digest) is None or cur.by_digest(dst.digest) is None:
@@ -176,13 +179,37 @@ def _materialize(
     return local
 
 
+def _wrong_base(chain: Chain, source: int, base: Path, why: str) -> BaseMismatchError:
+    return BaseMismatchError(
+        f"{base} is not version {source} of the chain at {chain.url} ({why}): base=BASE "
+        "must be the checkpoint of the version squashed from (or leave it out to have that "
+        "version pulled)"
+    )
+
+
+def _check_given_base(
+    chain: Chain, source: int, base: Path, start: Checkpoint, first: DeltaFile
+) -> None:
+    """Refuse a caller's ``base`` whose tensors are not those of version ``source``,
+    naming it (``compose`` would only say that its input is not a delta's base)."""
+    expected = {t.name: (t.dtype, t.shape) for t in first.header.side_tensors("base")}
+    actual = {t.name: (t.dtype, t.shape) for t in start.tensors.values()}
+    if expected != actual:
+        raise _wrong_base(chain, source, base, structure_difference(expected, actual))
+
+
 def _check_and_upload(
-    chain: Chain, m: Manifest, source: int, target: int, out: Path, progress: Progress | None
-) -> Link:
+    chain: Chain, m: Manifest, source: int, target: int, out: Path, progress: Progress | None,
+    given: Path | None,
+) -> Link:  # fmt: skip
+    """Upload the squashed delta ``out`` if it leads from version ``source`` to ``target``;
+    a caller's base ``given`` with other bytes is the caller's mistake, not a broken chain."""
     with open_delta(out) as d:
         got = (d.header.raw["base"]["digest"], d.header.raw["target"]["digest"])
         reversible = d.header.reversible
     want = (m.version(source).digest, m.version(target).digest)
+    if given is not None and got[0] != want[0]:
+        raise _wrong_base(chain, source, given, f"its digest is {got[0][:16]}")
     if got != want:
         raise ChainBrokenError(f"squashed delta goes {got[0][:16]}->{got[1][:16]}, expected "
                                f"{want[0][:16]}->{want[1][:16]}")  # fmt: skip

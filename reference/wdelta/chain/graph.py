@@ -3,6 +3,7 @@
 The graph's nodes are version numbers.  A link is an edge from its older to
 its newer version and, when the delta is reversible, also back; a snapshot is
 an edge from "nothing" to its version.  Edge costs are bytes to download.
+(Which versions no path reaches is a rule of the manifest: ``manifest.unreachable_versions``.)
 """
 
 from __future__ import annotations
@@ -37,19 +38,6 @@ def _edges(m: Manifest) -> dict[int, list[Hop]]:
         if k.reversible:
             edges[k.target].append(Hop(k.source, link=k, reverse=True))
     return edges
-
-
-def unreachable(m: Manifest) -> list[int]:
-    """Version numbers that no path from a snapshot reaches."""
-    edges = _edges(m)
-    seen = {NOTHING}
-    todo = [NOTHING]
-    while todo:
-        for hop in edges[todo.pop()]:
-            if hop.version not in seen:
-                seen.add(hop.version)
-                todo.append(hop.version)
-    return [v.number for v in m.versions if v.number not in seen]
 
 
 def hop_cost(hop: Hop, cached: Callable[[str], bool]) -> int:

@@ -209,10 +209,17 @@ class Publisher:
             self._diff(weights, out)
             if snapshot or self.options.snapshot:
                 save_weights(weights, whole, overwrite=True)
-            m = append_delta(
-                self.chain, out, step=step, metadata=metadata,
-                snapshot=whole if whole.exists() else None, progress=progress,
-            )  # fmt: skip
+            try:
+                m = append_delta(
+                    self.chain, out, step=step, metadata=metadata,
+                    snapshot=whole if whole.exists() else None, progress=progress,
+                )  # fmt: skip
+            except BaseMismatchError as exc:  # it would name our temporary delta
+                raise BaseMismatchError(
+                    f"{self.chain.url}: the previous copy (previous=, or the version this "
+                    "publisher last published) is not a version of the chain: resume with "
+                    "previous= the weights of one of its versions, normally the head"
+                ) from exc
             self._advance(weights, out)
         return m
 

@@ -29,8 +29,8 @@ from ..errors import (
 )
 from ..format import schemas, strictjson
 from ..format.digest import digest_bytes
+from ..io.filekind import document_refusal, naming, os_message
 from ..limits import MAX_MANIFEST_BYTES
-from . import graph
 from .errors import ChainBrokenError, ManifestInvalidError, NotFoundError
 from .smallfile import open_regular, read_bounded
 
@@ -180,7 +180,10 @@ class Manifest:
         found = [v for v in self.versions if _matches(v, str(ref))]
         if len(found) != 1:
             what = "ambiguous" if found else "unknown"
-            raise NotFoundError(f"{what} version {ref!r}")
+            raise NotFoundError(
+                f"{what} version {ref!r}: the chain has versions {self.versions[0].number} to "
+                f"{self.head.number} (a number, 'head', 'step:N' or 16+ hex digits of a digest)"
+            )
         return found[0]
 
     def by_digest(self, digest: str) -> Version | None:
@@ -315,8 +318,7 @@ def parse_manifest(data: bytes, *, expected_revision: int | None = None) -> Mani
     _check_versions(m.versions)
     _check_snapshots(m)
     _check_links(m)
-    unreachable = graph.unreachable(m)
-    if unreachable:
+    if unreachable := unreachable_versions(m):
         raise ChainBrokenError(f"versions {unreachable[:5]} cannot be reached from any snapshot")
     return m
 
@@ -334,6 +336,24 @@ def _check_features(m: Manifest, features: list[str]) -> None:
         )
     if PART_HEADERS in features and not all(headers):
         raise ManifestInvalidError(f"{PART_HEADERS!r} is required but a part has no header digest")
+
+
+def unreachable_versions(m: Manifest) -> list[int]:
+    """Version numbers that no path from a snapshot reaches: a link leads from its
+    source to its target and, when reversible, back (as ``graph`` plans downloads)."""
+    steps: dict[int, list[int]] = {}
+    for k in m.links:
+        steps.setdefault(k.source, []).append(k.target)
+        if k.reversible:
+            steps.setdefault(k.target, []).append(k.source)
+    seen = {s.version for s in m.snapshots}
+    todo = list(seen)
+    while todo:
+        for number in steps.get(todo.pop(), ()):
+            if number not in seen:
+                seen.add(number)
+                todo.append(number)
+    return [v.number for v in m.versions if v.number not in seen]
 
 
 def _check_parent(m: Manifest) -> None:
@@ -408,5 +428,8 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise NotFoundError(f"cannot read {p}: {exc}") from exc
-    return parse_manifest(data, expected_revision=revision_of_key(f"{MANIFEST_PREFIX}{p.name}"))
+        raise NotFoundError(os_message(p, exc)) from exc
+    if (impostor := document_refusal(p, data, "manifest revision")) is not None:
+        raise ManifestInvalidError(impostor)
+    with naming(p, ManifestInvalidError):
+        return parse_manifest(data, expected_revision=revision_of_key(f"{MANIFEST_PREFIX}{p.name}"))

@@ -38,6 +38,7 @@ from .manifest import (
 )
 from .partial import read_remote_header
 from .parts import check_part_set
+from .storage import LocalStorage
 from .storage.base import Progress
 from .store import Chain, as_chain, file_digest
 
@@ -76,6 +77,11 @@ def init(
     _check_version_fields(step, metadata)
     if chain.revisions():
         raise ConflictError(f"{chain.storage.url}: a chain already exists here")
+    if isinstance(chain.storage, LocalStorage) and chain.storage.root.is_file():
+        raise BadArgumentError(
+            f"{chain.storage.url} is a file; a chain is stored in a folder (or at s3://, "
+            "hf://): give the path of a new folder"
+        )
     version = Version(0, digest_of_path(checkpoint), step, utc_now(), dict(metadata or {}))
     snapshot = upload_snapshot(chain, 0, checkpoint, progress)
     return chain.create_first(new_manifest(version, snapshot))
@@ -109,9 +115,34 @@ def append(
         out = Path(tmp) / "link.wdelta"
         api.diff(base, checkpoint, out, level=options.level, threads=options.threads,
                  chunk_elements=options.chunk_elements)  # fmt: skip
+        _check_ends(chain, out, base, checkpoint)
         snapshot = checkpoint if options.snapshot else None
         return append_delta(chain, out, step=step, metadata=metadata, snapshot=snapshot,
                             progress=progress)  # fmt: skip
+
+
+def _check_ends(chain: Chain, delta: Path, base: Path, checkpoint: Path) -> None:
+    """Refuse the link ``delta`` that ``append`` encoded from ``base`` to ``checkpoint``
+    unless it leads from a version to a new one, naming the files the caller gave
+    (``delta`` is a temporary file it never saw)."""
+    m = chain.head()
+    with open_delta(delta) as d:
+        src, dst = d.header.raw["base"]["digest"], d.header.raw["target"]["digest"]
+    if m.by_digest(src) is None:
+        raise BaseMismatchError(
+            f"{base} is not a version of the chain at {chain.url}: base=BASE must be the "
+            f"checkpoint of one of its versions, normally the head (version "
+            f"{m.head.number}, as pulled from the chain)"
+        )
+    if (known := m.by_digest(dst)) is not None:
+        raise ConflictError(_already(str(checkpoint), known, chain))
+
+
+def _already(what: str, version: Version, chain: Chain) -> str:
+    return (
+        f"{what} is already version {version.number} of the chain at {chain.url} "
+        f"(digest {version.digest[:16]}): nothing to publish"
+    )
 
 
 def append_delta(
@@ -133,8 +164,8 @@ def append_delta(
         reversible = d.header.reversible
     if m.by_digest(src) is None:
         raise BaseMismatchError(f"the base of {delta} is not a version of the chain")
-    if m.by_digest(dst) is not None:
-        raise ConflictError(f"the target of {delta} is already version {m.by_digest(dst)}")
+    if (known := m.by_digest(dst)) is not None:
+        raise ConflictError(_already(f"the target of {delta}", known, chain))
     digest, size = file_digest(delta, "blake3"), delta.stat().st_size
     chain.upload(delta_key(digest), delta, digest, "blake3", progress)
     snap = upload_snapshot(chain, 0, snapshot, progress) if snapshot is not None else None
@@ -151,8 +182,15 @@ def _appending(
 
     def update(cur: Manifest) -> Manifest:
         source = cur.by_digest(src)
-        if source is None or cur.by_digest(dst) is not None:
-            raise ConflictError("the chain changed: base pruned or version already published")
+        if source is None:
+            # Checked before the upload by append and append_parts, not by a publisher
+            # resumed with previous=: the one case that is no race.
+            raise ConflictError(
+                f"the new link's base (digest {src[:16]}) is not a version of the chain: it "
+                "was pruned meanwhile, or a publisher's previous= is not one of its versions"
+            )
+        if cur.by_digest(dst) is not None:
+            raise ConflictError("the chain changed: the version was published meanwhile")
         number = cur.head.number + 1
         steps = [v.step for v in cur.versions if v.step is not None]
         if step is not None and steps and steps[-1] >= step:

@@ -19,7 +19,7 @@ from ..errors import BadArgumentError
 from ..format.digest import digest_bytes
 from . import graph
 from .errors import ChainBrokenError
-from .manifest import Link, Manifest, Snapshot, revision_key
+from .manifest import Link, Manifest, Snapshot, revision_key, unreachable_versions
 from .store import Chain, as_chain
 
 
@@ -61,7 +61,7 @@ def _reachable_versions(
     m: Manifest, snaps: tuple[Snapshot, ...], links: tuple[Link, ...]
 ) -> set[int]:
     trial = Manifest(m.revision, m.parent, m.versions, snaps, links)
-    return {v.number for v in m.versions} - set(graph.unreachable(trial))
+    return {v.number for v in m.versions} - set(unreachable_versions(trial))
 
 
 def _pruned(cur: Manifest, policy: Policy) -> Manifest:

@@ -77,7 +77,10 @@ def local_version(m: Manifest, local: Path, tensors: str | None, assume: str | N
         digest = assume or digest_of_path(local)
     found = m.by_digest(digest)
     if found is None:
-        raise NotFoundError(f"{local} (digest {digest[:16]}) is not a version of this chain")
+        raise NotFoundError(
+            f"{local} (digest {digest[:16]}) is not a version of this chain: pull to another "
+            "path, or remove it to pull the version whole"
+        )
     return found
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BadArgumentError, StorageError
+from ..io.filekind import os_message
 from .manifest import revision_of_key
 from .storage.base import Storage
 from .trust import Trust
@@ -21,6 +22,6 @@ def check_signatures(manifest: Path, storage: Storage, trust: Path | Trust) -> l
     try:
         data = manifest.read_bytes()
     except OSError as exc:
-        raise StorageError(f"cannot read {manifest}: {exc.strerror or exc}") from exc
+        raise StorageError(os_message(manifest, exc)) from exc
     policy = trust if isinstance(trust, Trust) else Trust.from_file(trust)
     return policy.check_revision(storage, revision, data)

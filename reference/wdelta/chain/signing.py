@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from ..errors import BadArgumentError, StorageError
 from ..format import strictjson
 from ..io.atomic import atomic_file
+from ..io.filekind import document_refusal, os_message
 from ..limits import MAX_DOCUMENT_BYTES
 from .smallfile import read_regular
 
@@ -105,7 +106,9 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
         data = read_regular(path, MAX_DOCUMENT_BYTES, lambda why: BadArgumentError(
             f"{path} is {why}: not a {what}"))  # fmt: skip
     except FileNotFoundError as exc:
-        raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise StorageError(os_message(path, exc)) from exc
+    if (impostor := document_refusal(path, data, what)) is not None:
+        raise BadArgumentError(impostor)
     try:
         raw = strictjson.loads(data, BadArgumentError, f"{path}")
     except BadArgumentError as exc:

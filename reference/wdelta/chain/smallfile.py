@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import StorageError, WdeltaError
+from ..io.filekind import os_message
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
           (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
@@ -44,12 +45,12 @@ def open_regular(path: Path, refuse: Callable[[str], WdeltaError]) -> int:
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise StorageError(os_message(path, exc)) from exc
     try:
         mode = os.fstat(fd).st_mode
     except OSError as exc:
         os.close(fd)
-        raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise StorageError(os_message(path, exc)) from exc
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise refuse(kind_of(mode))

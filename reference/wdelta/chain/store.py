@@ -39,6 +39,7 @@ from ..arguments import PathLike, as_path, check_seconds
 from ..errors import BadArgumentError, ChecksumMismatchError, StorageError, WdeltaError
 from ..format.digest import digest_bytes
 from ..io.atomic import temp_name
+from ..io.filekind import os_message
 from ..limits import MAX_MANIFEST_BYTES
 from . import cachelock
 from .errors import ConflictError, ManifestInvalidError, NotFoundError, SignatureInvalidError
@@ -73,7 +74,7 @@ def file_digest(path: Path, algorithm: str) -> str:
             while block := f.read(_HASH_BLOCK):
                 h.update(block)
     except OSError as exc:
-        raise StorageError(f"cannot read {path}: {exc}") from exc
+        raise StorageError(os_message(path, exc)) from exc
     return str(h.hexdigest())
 
 

@@ -180,7 +180,7 @@ def _open_fd(path: Path) -> int:
     try:
         return os.open(path, os.O_RDONLY)
     except OSError as exc:
-        raise StorageError(f"cannot open {path}: {exc}") from exc
+        raise StorageError(filekind.os_message(path, exc)) from exc
 
 
 def read_file_layout(fd: int, path: Path) -> FileLayout:

@@ -19,6 +19,7 @@ from .._version import CHAIN_MANIFEST_VERSION, CONFORMANCE_SUITE_VERSION, __vers
 from ..errors import BadArgumentError, InternalError, StorageError, WdeltaError
 from ..format.header import FORMAT_VERSION
 from ..io import interrupts
+from ..io.filekind import os_message
 from ..io.malloc_tuning import keep_chunk_buffers
 from .flags import in_flags
 from .options import Commands
@@ -140,6 +141,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as exc:
+        if exc.filename is not None:
+            return _fail(StorageError(os_message(exc.filename, exc)))
         return _fail(StorageError(str(exc)))
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, interrupts.Interrupted) else signal.SIGINT

@@ -29,6 +29,7 @@ from ..chain.pull import PullResult, follow, pull
 from ..chain.storage import open_storage
 from ..chain.store import Chain
 from ..chain.trust import Trust
+from ..checkpoint.source import open_checkpoint
 from ..errors import BadArgumentError, WdeltaError
 from . import options
 from .flags import in_flags
@@ -200,6 +201,20 @@ def _retrying(exc: WdeltaError, delay: float) -> None:
 _UNAUTHENTICATED = "warning: no trust policy (--trust ROOT): revisions are not authenticated"
 
 
+def _warn_if_no_tensor(args: argparse.Namespace) -> None:
+    """A --tensors pattern that matched nothing (a mistyped name) leaves a checkpoint
+    without tensors, which is no error for the pull: say so rather than succeed silently
+    (unless --quiet, as the other warnings)."""
+    if args.tensors is None or args.quiet:
+        return
+    with open_checkpoint(args.local) as ckpt:
+        if ckpt.tensors:
+            return
+    print(printable(f"warning: --tensors {args.tensors!r} matches no tensor of the version: "
+                    f"{args.local} holds none (patterns are globs on whole names, such as "
+                    "'model.layers.1.*')"), file=sys.stderr)  # fmt: skip
+
+
 def _report_once_unauthenticated(args: argparse.Namespace) -> Callable[[PullResult], None]:
     """``_report``, and after the first success without --trust the warning (once, on
     stderr; a failure stays the single ``error:`` line of §12.2).  ``--quiet`` asks for
@@ -209,6 +224,7 @@ def _report_once_unauthenticated(args: argparse.Namespace) -> Callable[[PullResu
     def report(r: PullResult) -> None:
         nonlocal warned
         _report(args, r)
+        _warn_if_no_tensor(args)
         if not warned:
             print(_UNAUTHENTICATED, file=sys.stderr)
             warned = True

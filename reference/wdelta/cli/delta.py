@@ -65,7 +65,13 @@ def _part_line(part: dict[str, Any] | None) -> list[str]:
             f"{part['target']}"]  # fmt: skip
 
 
+# The tensor column is as wide as the longest name up to this; a longer name is
+# printed whole and pushes its row's other columns right, never cut.
+MAX_NAME_COLUMN = 64
+
+
 def _format_summary(s: DeltaSummary) -> str:
+    width = min(MAX_NAME_COLUMN, max([len("tensor"), *(len(t.name) for t in s.tensors)]))
     lines = [
         f"wdelta v{s.version}  generator {s.generator}  chunk {s.chunk_elements} elements",
         f"base   {s.base_digest}",
@@ -75,14 +81,14 @@ def _format_summary(s: DeltaSummary) -> str:
         f"file {s.file_bytes} bytes for a {s.target_bytes}-byte target: ratio {s.ratio:.4%}",
         *_part_line(s.part),
         "",
-        f"{'tensor':40} {'op':9} {'dtype':8} {'density':>9} {'raw':>12} {'stored':>11} "
+        f"{'tensor':{width}} {'op':9} {'dtype':8} {'density':>9} {'raw':>12} {'stored':>11} "
         "encodings / transforms",
     ]
     for t in s.tensors:
         enc = ",".join(f"{k}:{v}" for k, v in t.encodings.items())
         tr = ",".join(f"{k}:{v}" for k, v in t.transforms.items())
         lines.append(
-            f"{t.name[:40]:40} {t.op:9} {t.dtype:8} {t.density:9.4%} {t.raw_bytes:12} "
+            f"{t.name:{width}} {t.op:9} {t.dtype:8} {t.density:9.4%} {t.raw_bytes:12} "
             f"{t.stored_bytes:11} {enc} {tr}".rstrip()
         )
     # Names and the generator come from the (possibly hostile) file.

@@ -17,6 +17,7 @@ API_TO_FLAG = {
     "compact=True": "without --compat",
     "chunk_elements=N": "--chunk-elements N",
     "trust=ROOT": "--trust ROOT",
+    "base=BASE": "--base BASE",
     "open the chain as chain.Chain(LOCATION, cache=FOLDER)": "pass --cache FOLDER",
 }
 

@@ -16,8 +16,9 @@ from typing import Any
 import jsonschema
 
 from ..arguments import as_path
-from ..errors import BadArgumentError
+from ..errors import BadArgumentError, StorageError
 from ..format import schemas
+from ..io.filekind import os_message
 
 PROFILES = ("reader", "decoder", "reverse", "encoder", "manifest")
 # Placeholders every template of a profile must hold; manifest cases that need
@@ -176,9 +177,12 @@ def load(root: Path | str, check_files: bool = True) -> Manifest:
     path = root / "manifest.json"
     try:
         data = path.read_bytes()
+    except OSError as exc:
+        raise StorageError(os_message(path, exc)) from exc
+    try:
         raw = json.loads(data)
         schemas.validator("conformance-manifest").validate(raw)
-    except (OSError, ValueError, jsonschema.ValidationError) as exc:
+    except (ValueError, jsonschema.ValidationError) as exc:
         raise BadArgumentError(f"{path}: not a valid conformance manifest: {exc}") from exc
     manifest = Manifest(root, raw, tuple(_case(c) for c in raw["cases"]),
                         hashlib.sha256(data).hexdigest())  # fmt: skip

@@ -28,7 +28,14 @@ from ..errors import (
     UnsupportedVersionError,
     WdeltaError,
 )
-from ..io.filekind import WDELTA_MAGIC, delta_refusal, folder_refusal, naming, sniff_fd
+from ..io.filekind import (
+    WDELTA_MAGIC,
+    delta_refusal,
+    folder_refusal,
+    naming,
+    os_message,
+    sniff_fd,
+)
 from ..limits import MAX_HEADER_BYTES
 from .digest import digest_bytes
 from .header import FORMAT_VERSION, Chunk, Header, entries_json, parse_header
@@ -140,13 +147,13 @@ def open_delta(path: str | os.PathLike[str]) -> DeltaFile:
     try:
         fd = os.open(p, os.O_RDONLY)
     except OSError as exc:
-        raise StorageError(f"cannot open {p}: {exc}") from exc
+        raise StorageError(os_message(p, exc)) from exc
     try:
         with naming(p, WdeltaError):
             header, n, d = _read_header(fd, p)
     except OSError as exc:
         os.close(fd)
-        raise StorageError(f"cannot read {p}: {exc}") from exc
+        raise StorageError(os_message(p, exc)) from exc
     except BaseException:
         os.close(fd)
         raise

@@ -31,7 +31,7 @@ from typing import TypeVar
 
 from ..errors import BadArgumentError, StorageError
 from . import interrupts, rename
-from .destination import exists_error
+from .destination import check_folder, exists_error
 
 # Every temporary name contains this; listings of stored objects skip such names.
 TMP_MARK = ".wdelta-tmp-"
@@ -197,6 +197,7 @@ def atomic_file(dest: Path, *, overwrite: bool) -> Iterator[int]:
     """
     if dest.is_dir():
         raise BadArgumentError(f"{dest} is a folder; expected a file path")
+    check_folder(dest)
     if not overwrite and os.path.lexists(dest):
         raise exists_error(dest)
     folder = _parent(dest)

@@ -68,7 +68,7 @@ def check_kind(out: Path) -> None:
         )
 
 
-def _check_folder(out: Path) -> None:
+def check_folder(out: Path) -> None:
     """Refuse an output whose folder is missing or is a file (a mistyped ``-o``):
     StorageError before anything is read, not once the output is written."""
     folder = out.parent
@@ -101,7 +101,7 @@ def _check_inputs(out: Path, inputs: Iterable[Path]) -> None:
 def check_output(out: Path, inputs: Iterable[Path], *, overwrite: bool) -> None:
     """Refuse ``out`` for any reason of the module doc (BadArgumentError; StorageError
     for a missing folder)."""
-    _check_folder(out)
+    check_folder(out)
     check_kind(out)
     _check_inputs(out, list(inputs))
     if out.is_symlink():

@@ -7,12 +7,15 @@ or a sharded checkpoint's index instead of its folder should be told so, not
 apart from at most :data:`SNIFF_BYTES` bytes; none of them can be a valid
 safetensors file or delta, so recognising them early changes no category.
 
-:func:`naming` puts a file's path in front of the message of errors about it.
+:func:`naming` puts a file's path in front of the message of errors about it;
+:func:`os_message` says what the operating system refused, in one wording for
+every command.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,7 +70,25 @@ def sniff_fd(fd: int, path: Path) -> str:
         size = os.fstat(fd).st_size
         return sniff(os.pread(fd, min(size, SNIFF_BYTES), 0), size, path.name)
     except OSError as exc:
-        raise StorageError(f"cannot read {path}: {exc}") from exc
+        raise StorageError(os_message(path, exc)) from exc
+
+
+# Python's own text would be "[Errno 2] No such file or directory: 'x'": the path twice,
+# a number and "directory" where the rest of wdelta says "folder".
+_OS_REASONS = {
+    errno.ENOENT: "no such file or folder",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EISDIR: "a folder, not a file",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+}
+
+
+def os_message(path: object, exc: OSError) -> str:
+    """``PATH: REASON`` for the OS error ``exc`` on ``path``: ``x: no such file or folder``,
+    ``x: permission denied``, else the system's words without the errno."""
+    reason = _OS_REASONS.get(exc.errno or 0) or (exc.strerror or str(exc)).lower()
+    return f"{path}: {reason}"
 
 
 _ALWAYS = {
@@ -107,6 +128,21 @@ def delta_refusal(path: Path, kind: str) -> WdeltaError:
     error = TruncatedError if kind == EMPTY else BadMagicError
     message = f"{path} " + reason.format(want="wdelta delta")
     return _mixed_up(error(message), kind in (SAFETENSORS, INDEX))
+
+
+def document_refusal(path: Path, data: bytes, want: str) -> str | None:
+    """Why the file ``path`` holding ``data`` cannot be the JSON document ``want`` (a
+    trust root, a key, a manifest revision) when it is of a kind known to be something
+    else; None when it has to be parsed to tell."""
+    reasons = {
+        **_ALWAYS,
+        WDELTA: "is a wdelta delta, not a {want}",
+        SAFETENSORS: "is a safetensors checkpoint, not a {want}",
+        ZIP: "is a zip archive, not a {want}",
+        INDEX: "is the index of a sharded checkpoint, not a {want}",
+    }
+    reason = reasons.get(sniff(data[:SNIFF_BYTES], len(data), path.name))
+    return None if reason is None else f"{path} " + reason.format(want=want)
 
 
 def folder_refusal(path: Path) -> StorageError:

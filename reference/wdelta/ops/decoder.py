@@ -110,7 +110,8 @@ def structure_difference(expected: Mapping[str, object], actual: Mapping[str, ob
     missing = sorted(set(expected) - set(actual))
     extra = sorted(set(actual) - set(expected))
     differ = sorted(n for n in set(expected) & set(actual) if expected[n] != actual[n])
-    return f"missing {missing[:3]}, unexpected {extra[:3]}, dtype/shape differs for {differ[:3]}"
+    found = (("missing", missing), ("unexpected", extra), ("dtype/shape differs for", differ))
+    return ", ".join(f"{what} {names[:3]}" for what, names in found if names)
 
 
 _Task = ChunkTask[Step]

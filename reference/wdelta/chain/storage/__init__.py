@@ -32,6 +32,13 @@ def open_storage(url: Union[str, os.PathLike[str]]) -> Storage:  # noqa: UP007
         from .hf import HfStorage
 
         return HfStorage(url)
+    scheme, colon, rest = url.partition(":")
+    if colon and scheme in ("s3", "hf") and not os.path.lexists(url):
+        # "s3:/bucket" is a typo, not a local folder named "s3:" to create.
+        raise BadArgumentError(
+            f"{url}: a chain location is a folder, s3://BUCKET/PREFIX or hf://...: did you "
+            f"mean {scheme}://{rest.lstrip('/')}?"
+        )
     return LocalStorage(url.removeprefix("file://"))
 
 

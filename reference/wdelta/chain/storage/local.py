@@ -24,6 +24,7 @@ from ...arguments import as_path
 from ...errors import StorageError, TruncatedError
 from ...io import interrupts
 from ...io.atomic import TMP_MARK, fsync_dir, remove_stale, temp_file
+from ...io.filekind import os_message
 from ..errors import NotFoundError
 from ..smallfile import open_regular, read_bounded
 from . import base
@@ -52,6 +53,8 @@ class LocalStorage(Storage):
         try:
             return open_regular(path, lambda why: StorageError(f"{path}: {why}"))
         except FileNotFoundError as exc:
+            if not self.root.is_dir():  # the store itself is missing, said as everywhere
+                raise NotFoundError(f"{os_message(self.root, exc)} (no object {key})") from exc
             raise NotFoundError(f"{self.url}: no object {key}") from exc
 
     def read(self, key: str, limit: int) -> bytes:

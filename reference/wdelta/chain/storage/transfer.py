@@ -17,20 +17,25 @@ interrupted download resumes from its length with either method, and at most
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...errors import BadArgumentError, ChecksumMismatchError, StorageError
 from ...ops.pipeline import ordered_map
 from ..backoff import Backoff
 from ..smallfile import append_blocks, kept_partial
 
-if TYPE_CHECKING:
-    from .base import Progress, Storage
-
 _RETRY = Backoff(base=0.2, cap=2.0)
+
+
+class RangedReads(Protocol):
+    """All that a transfer needs of a storage: exact ranged reads (ST-3).  Not ``Storage``
+    itself: ``storage.base`` imports this module for ``Transfer``, and naming it here
+    would make an import cycle."""
+
+    def read_range(self, key: str, start: int, length: int) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,9 @@ class Transfer:
                 raise BadArgumentError(f"Transfer.{name} must be an int >= 1, not {value!r}")
 
 
-def _read_with_retries(storage: Storage, key: str, start: int, length: int, attempts: int) -> bytes:
+def _read_with_retries(
+    storage: RangedReads, key: str, start: int, length: int, attempts: int
+) -> bytes:
     """``storage.read_range``, retried after a transport error (io-error) ``attempts`` times
     in all; a missing object or a short one is not retried."""
     for failure in range(1, attempts + 1):
@@ -64,7 +71,7 @@ def _read_with_retries(storage: Storage, key: str, start: int, length: int, atte
 
 
 def read_blocks(
-    storage: Storage, key: str, start: int, end: int, transfer: Transfer | None = None
+    storage: RangedReads, key: str, start: int, end: int, transfer: Transfer | None = None
 ) -> Iterator[bytes]:
     """Bytes ``start`` to ``end`` of ``key``, in order, as ``transfer.chunk``-byte ranged
     reads with up to ``transfer.concurrency`` in flight (bounded memory: at most
@@ -79,7 +86,8 @@ def read_blocks(
 
 
 def download_ranges(
-    storage: Storage, key: str, part: Path, size: int, progress: Progress | None = None,
+    storage: RangedReads, key: str, part: Path, size: int,
+    progress: Callable[[int], None] | None = None,
     transfer: Transfer | None = None,
 ) -> None:  # fmt: skip
     """Download ``key`` (``size`` bytes) into ``part`` with :func:`read_blocks`,
