@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import EncodingInvalidError
 from ..format.names import Encoding, Transform
-from . import blob, planes, sparse, transform
+from . import blob, native, planes, sparse, transform
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 
@@ -76,6 +76,10 @@ def decode(
     pos, values = sparse.decode(payload, m, word, coded, changed)
     if len(pos) != changed:
         raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header {changed}")
+    if native.usable(source, pos, values) and values.dtype == source.dtype:
+        transform.check(kind)
+        native.apply(kind == "sub", reverse, source, pos, values)
+        return source
     # take() gathers faster than fancy indexing; values are fresh and consumed.
     source[pos] = invert(kind, source.take(pos), values)
     return source

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import blob, sparse, transform
+from ..codec import blob, native, sparse, transform
 from ..codec.chunk import Encoded, encode_dense, encode_full, store
+from ..codec.positions import bitmap_encode
 from ..format.names import Transform
 from . import transform as transform_policy
 from .rice import plan_positions
@@ -175,12 +176,32 @@ def _sparse_positions(base: Words, target: Words) -> Positions | None:
 
 def _changes(base: Words, target: Words) -> tuple[int, Transform, sparse.Parts] | None:
     """(changed count, transform, sparse payload parts), or None if nothing changed."""
+    if native.usable(base, target):
+        return _native_changes(base, target)
     pos = _sparse_positions(base, target)
     if pos is not None:
         return (len(pos), *_positions_payload(base, target, pos)) if len(pos) else None
     padded = _mask(base, target)
     c = int(np.count_nonzero(padded[: len(base)]))
     return (c, *_sparse_payload(base, target, padded, c)) if c else None
+
+
+def _native_changes(base: Words, target: Words) -> tuple[int, Transform, sparse.Parts] | None:
+    """:func:`_changes` with the compiled kernels: one pass over both chunks yields the
+    positions and the words of both transforms, and the same parts follow from them
+    (a bitmap's transform sample is the positions in the windows :func:`sample_mask`
+    reads)."""
+    m = len(base)
+    pos, words = native.changes(base, target)
+    c = len(pos)
+    if not c:
+        return None
+    rice = c < m * BITMAP_DENSITY
+    sampled = transform_policy.sample(pos) if rice else transform_policy.sample_windows(pos, m)
+    kind = transform_policy.pick(base, target, sampled)
+    if rice:
+        return c, kind, sparse.parts(pos, words[kind], m, plan_positions(pos, m))
+    return c, kind, sparse.Parts(sparse.BITMAP, 0, 0, bitmap_encode(pos, m), words[kind])
 
 
 # A payload of 64 KiB or more whose values the histogram says coding shrinks by

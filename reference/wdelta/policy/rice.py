@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import leb128, positions
+from ..codec import leb128, native, positions
 from ..codec.positions import MAX_RICE_K, Positions
 from ..codec.sparse import BITMAP, RICE, PositionPlan
 
@@ -46,8 +46,13 @@ def plan_positions(pos: Positions, m: int) -> PositionPlan:
     bitmap = (m + 7) // 8
     gaps = positions.gaps_of(pos)
     k = best_rice_k(gaps)
-    ones = positions.unary_ones(gaps, k)
-    rice = 8 + int(ones[-1]) // 8 + 1 + (len(gaps) * k + 7) // 8
+    ones = None
+    if native.usable(gaps):
+        last = native.quotients(gaps, k) + len(gaps) - 1  # ones[-1], without the array
+    else:
+        ones = positions.unary_ones(gaps, k)
+        last = int(ones[-1])
+    rice = 8 + last // 8 + 1 + (len(gaps) * k + 7) // 8
     if rice < bitmap:
         return PositionPlan(RICE, k, rice, gaps, ones)
     return PositionPlan(BITMAP, 0, bitmap, gaps, ones)

@@ -58,6 +58,18 @@ def sample_mask(mask: np.ndarray[Any, np.dtype[np.bool_]], count: int) -> np.nda
     )
 
 
+def sample_windows(positions: np.ndarray[Any, Any], m: int) -> np.ndarray[Any, Any]:
+    """:func:`sample_mask` of the chunk of ``m`` elements whose changed elements are at
+    the sorted ``positions``, taken from them (the windows do not overlap)."""
+    count = len(positions)
+    length = -(-SAMPLE * m // (count * WINDOWS)) if count else m
+    if length * WINDOWS >= m:
+        return positions
+    starts = _starts(m, length)
+    lo, hi = np.searchsorted(positions, starts), np.searchsorted(positions, starts + length)
+    return np.concatenate([positions[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)])
+
+
 def pick(base: Words, target: Words, sampled: np.ndarray[Any, Any]) -> Transform:
     """The transform whose values at the positions ``sampled`` look cheaper."""
     b, t = base.take(sampled), target.take(sampled)
