@@ -13,6 +13,7 @@ takes the native path wherever it is built).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -282,3 +283,19 @@ def test_conformance_suite_passes_on_the_numpy_path(monkeypatch: pytest.MonkeyPa
         results = suite._run(manifest, [], Reference(), scratch, strict=True)
     failed = {i for i, r in results.items() if r.status != "pass"}
     assert failed == {i for i in results if known_bug(i)}
+
+
+@needs_kernels
+def test_bench_prints_both_paths_and_the_targets(tmp_path: Path) -> None:
+    bench = Path(__file__).resolve().parent.parent / "bench" / "native.py"
+    run = subprocess.run(
+        [sys.executable, str(bench), "--dir", str(tmp_path), "--elements", "1000000",
+         "--repeat", "1"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    for case in ("bf16 2%", "fp8 e4m3 2%"):
+        for method in ("numpy", "native", "zstd -3 of XOR", "floor"):
+            assert re.search(rf"\| {case}, [0-9.]+ GB \| {method} \|", run.stdout), run.stdout
+        for op in ("encode", "decode"):
+            assert re.search(rf"\*\*native {op}: (PASS|MISS)\*\*", run.stdout)
