@@ -299,3 +299,25 @@ def test_bench_prints_both_paths_and_the_targets(tmp_path: Path) -> None:
             assert re.search(rf"\| {case}, [0-9.]+ GB \| {method} \|", run.stdout), run.stdout
         for op in ("encode", "decode"):
             assert re.search(rf"\*\*native {op}: (PASS|MISS)\*\*", run.stdout)
+
+
+def _parts(found: Any) -> Any:
+    if found is None:
+        return None
+    c, kind, p = found
+    return c, kind, p.coding, p.k, p.unary_len, bytes(p.streams), p.values.tobytes()
+
+
+@needs_kernels
+@settings(max_examples=150, deadline=None)
+@given(pair=chunk_pairs())
+def test_native_changes_at_any_density_match_numpy(
+    pair: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]],
+) -> None:
+    # The encoder sends chunks whose sample looks dense to NumPy (_dense); the native
+    # positions must still give the same payload parts at every density.
+    base, target = pair
+    with path(False):
+        want = _parts(chunk_policy._changes(base, target))
+    with path(True):
+        assert _parts(chunk_policy._native_changes(base, target)) == want

@@ -176,7 +176,7 @@ def _sparse_positions(base: Words, target: Words) -> Positions | None:
 
 def _changes(base: Words, target: Words) -> tuple[int, Transform, sparse.Parts] | None:
     """(changed count, transform, sparse payload parts), or None if nothing changed."""
-    if native.usable(base, target):
+    if native.usable(base, target) and not _dense(base, target):
         return _native_changes(base, target)
     pos = _sparse_positions(base, target)
     if pos is not None:
@@ -184,6 +184,18 @@ def _changes(base: Words, target: Words) -> tuple[int, Transform, sparse.Parts] 
     padded = _mask(base, target)
     c = int(np.count_nonzero(padded[: len(base)]))
     return (c, *_sparse_payload(base, target, padded, c)) if c else None
+
+
+# The compiled pass finds each changed element on its own, which beats NumPy's mask and
+# gathers while changes are sparse but loses to its blocked bitmap path at the bitmap
+# density (measured on 4M-element bf16 chunks: 5.7 against 6.2 ms at 2%, 20.8 against
+# 21.3 ms at 17%, 21.3 against 15.1 ms at 30%).  Both give the same bytes; the elements
+# of the WIDE_WINDOWS runs that _wide_sample spreads over the chunk decide which runs.
+def _dense(base: Words, target: Words) -> bool:
+    """True if the sampled runs of elements differ at the bitmap density or more."""
+    idx = _wide_sample(len(base))
+    differ = int(np.count_nonzero(base.take(idx) != target.take(idx)))
+    return differ >= len(idx) * BITMAP_DENSITY
 
 
 def _native_changes(base: Words, target: Words) -> tuple[int, Transform, sparse.Parts] | None:
