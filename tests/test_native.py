@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 
 import test_conformance as suite
 import wdelta
-from kit import DTYPES, SPECIALS, RawTensor, safetensors_bytes, word_dtype
+from fuzz_targets import Seeds, work_folder
+from kit import DTYPES, SPECIALS, Delta, RawTensor, safetensors_bytes, word_dtype
 from wdelta.codec import blob, native, positions
 from wdelta.codec import chunk as chunk_codec
 from wdelta.conformance import Reference
@@ -321,3 +322,43 @@ def test_native_changes_at_any_density_match_numpy(
         want = _parts(chunk_policy._changes(base, target))
     with path(True):
         assert _parts(chunk_policy._native_changes(base, target)) == want
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory: pytest.TempPathFactory) -> Seeds:
+    return Seeds(tmp_path_factory.mktemp("fuzz"))
+
+
+def _apply_outcome(seeds: Seeds, delta: Path, work: Path) -> str | bytes:
+    """The rebuilt file's bytes, or the refusal's category."""
+    out = work / "out.safetensors"
+    try:
+        wdelta.apply(seeds.base, delta, out, threads=1)
+    except WdeltaError as exc:
+        assert not out.exists()
+        return exc.category
+    data = out.read_bytes()
+    out.unlink()
+    return data
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_mutated_blobs_same_outcome_on_both_paths(
+    seeds: Seeds, data: st.DataObject
+) -> None:
+    # tests/test_fuzz.py's blob edits (fresh checksums, so they reach the decoder):
+    # both paths rebuild the same bytes or refuse with the same category.
+    work = work_folder(seeds.folder)
+    (work / "seed.wdelta").write_bytes(seeds.v1_bytes)
+    d = Delta.read(work / "seed.wdelta")
+    i = data.draw(st.integers(0, len(d.blobs) - 1))
+    payload = bytearray(d.payload(i))
+    if payload and data.draw(st.booleans()):
+        payload[data.draw(st.integers(0, len(payload) - 1))] ^= data.draw(st.integers(1, 255))
+    else:
+        payload = payload[: data.draw(st.integers(0, len(payload)))]
+    d.set_payload(i, bytes(payload), data.draw(st.sampled_from(["none", "zstd"])))
+    delta = d.write(work / "edited.wdelta")
+    outcomes = both(lambda: _apply_outcome(seeds, delta, work))
+    assert outcomes[0] == outcomes[1]
