@@ -201,16 +201,19 @@ def _dense(base: Words, target: Words) -> bool:
 def _native_changes(base: Words, target: Words) -> tuple[int, Transform, sparse.Parts] | None:
     """:func:`_changes` with the compiled kernels: one pass over both chunks yields the
     positions and the words of both transforms, and the same parts follow from them
-    (a bitmap's transform sample is the positions in the windows :func:`sample_mask`
-    reads)."""
+    (a bitmap's transform sample is the changes in the windows :func:`sample_mask` reads)."""
     m = len(base)
     pos, words = native.changes(base, target)
     c = len(pos)
     if not c:
         return None
     rice = c < m * BITMAP_DENSITY
-    sampled = transform_policy.sample(pos) if rice else transform_policy.sample_windows(pos, m)
-    kind = transform_policy.pick(base, target, sampled)
+    idx = transform_policy.sample_index(c) if rice else transform_policy.window_index(pos, m)
+    # The sampled words of both transforms are at hand: no gathers from the chunk.
+    xor, sub = (
+        (words["xor"], words["sub"]) if idx is None else (words["xor"][idx], words["sub"][idx])
+    )
+    kind = transform_policy.pick_words(xor, sub)
     if rice:
         return c, kind, sparse.parts(pos, words[kind], m, plan_positions(pos, m))
     return c, kind, sparse.Parts(sparse.BITMAP, 0, 0, bitmap_encode(pos, m), words[kind])

@@ -35,11 +35,16 @@ def _starts(n: int, length: int) -> np.ndarray[Any, np.dtype[np.int64]]:
 
 def sample(positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """At most SAMPLE of the sorted ``positions``: all of them, or WINDOWS runs."""
-    n, run = len(positions), SAMPLE // WINDOWS
+    idx = sample_index(len(positions))
+    return positions if idx is None else positions.take(idx)
+
+
+def sample_index(n: int) -> np.ndarray[Any, Any] | None:
+    """Where :func:`sample` takes its runs among ``n`` positions (None: all of them)."""
+    run = SAMPLE // WINDOWS
     if n <= SAMPLE:
-        return positions
-    idx = (_starts(n, run)[:, None] + np.arange(run)).reshape(-1)
-    return positions.take(idx)
+        return None
+    return (_starts(n, run)[:, None] + np.arange(run)).reshape(-1)
 
 
 def sample_mask(mask: np.ndarray[Any, np.dtype[np.bool_]], count: int) -> np.ndarray[Any, Any]:
@@ -58,22 +63,27 @@ def sample_mask(mask: np.ndarray[Any, np.dtype[np.bool_]], count: int) -> np.nda
     )
 
 
-def sample_windows(positions: np.ndarray[Any, Any], m: int) -> np.ndarray[Any, Any]:
-    """:func:`sample_mask` of the chunk of ``m`` elements whose changed elements are at
-    the sorted ``positions``, taken from them (the windows do not overlap)."""
+def window_index(positions: np.ndarray[Any, Any], m: int) -> np.ndarray[Any, Any] | None:
+    """Where, among the sorted ``positions`` of the changed elements of a chunk of ``m``,
+    are those :func:`sample_mask` samples (None: all of them); the windows do not overlap."""
     count = len(positions)
     length = -(-SAMPLE * m // (count * WINDOWS)) if count else m
     if length * WINDOWS >= m:
-        return positions
+        return None
     starts = _starts(m, length)
     lo, hi = np.searchsorted(positions, starts), np.searchsorted(positions, starts + length)
-    return np.concatenate([positions[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)])
+    return np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)])
 
 
 def pick(base: Words, target: Words, sampled: np.ndarray[Any, Any]) -> Transform:
     """The transform whose values at the positions ``sampled`` look cheaper."""
     b, t = base.take(sampled), target.take(sampled)
-    xor_bits, sub_bits = value_bits_each(np.bitwise_xor(b, t), transform.encode("sub", b, t))
+    return pick_words(np.bitwise_xor(b, t), transform.encode("sub", b, t))
+
+
+def pick_words(xor: Words, sub: Words) -> Transform:
+    """:func:`pick` from the sampled words of both transforms (``sub`` zigzag-coded)."""
+    xor_bits, sub_bits = value_bits_each(xor, sub)
     return "sub" if sub_bits < xor_bits else "xor"
 
 
