@@ -17,7 +17,8 @@ Every method runs in this process, file to file (no interpreter start-up):
 wdelta diff and apply with the NumPy path (``WDELTA_NATIVE=0``) and with the native
 kernels; "XOR the files, zstd -3 the result" and its inverse (bench/peers.py); and the
 floors: encode = read both inputs + BLAKE3 of both, decode = read the base + BLAKE3 of
-the output + write it (fsync), on the same number of threads.  MB/s count the target's
+the output + write it as apply does (O_DIRECT where possible, one fsync), on the same
+number of threads.  MB/s count the target's
 bytes; "x zstd -3" is speed over zstd's speed, "x floor" time over the floor's time
 (wall clock, fastest round), "CPU x floor" the CPU seconds of all threads over the
 floor's (least round): on a shared machine wall time follows the load, CPU time much
@@ -45,6 +46,7 @@ import peers
 
 import wdelta
 from wdelta.codec import native
+from wdelta.io.output_file import OutputFile
 from wdelta.testing import synthetic
 
 BLOCK = 8 << 20
@@ -91,25 +93,30 @@ def encode_floor(base: Path, target: Path, threads: int) -> Times:
 
 
 def decode_floor(base: Path, target: Path, out: Path, threads: int) -> Times:
-    """Seconds to read the base, BLAKE3 the output (the target's bytes, in memory) and
-    write it to ``out`` with one fsync, on ``threads`` threads."""
+    """Seconds to read the base and BLAKE3 the output (the target's bytes, in memory) on
+    ``threads`` threads while this one writes it to ``out`` the way apply does (wdelta's
+    OutputFile: O_DIRECT where possible, background flushes), then one fsync."""
     data = memoryview(target.read_bytes())
 
-    def part(lo: int, hi: int, fd: int) -> None:
+    def part(lo: int, hi: int) -> None:
         _read_hash(base, lo, min(hi, base.stat().st_size))
-        hasher = blake3.blake3(max_threads=1)
-        for at in range(lo, hi, BLOCK):
-            block = data[at : min(hi, at + BLOCK)]
-            hasher.update(block)
-            os.pwrite(fd, block, at)
+        blake3.blake3(data[lo:hi], max_threads=1).digest()
 
     def run() -> None:
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(fd, len(data))
+        writer = OutputFile(fd)
         try:
             with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(lambda r: part(*r, fd), _halves(target, threads)))
+                hashed = [pool.submit(part, lo, hi) for lo, hi in _halves(target, threads)]
+                for at in range(0, len(data), BLOCK):
+                    writer.write(data[at : at + BLOCK], at)
+                for future in hashed:
+                    future.result()
+            writer.finish()
             os.fsync(fd)
         finally:
+            writer.close()
             os.close(fd)
 
     times = _timed(run)
