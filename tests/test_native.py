@@ -218,6 +218,8 @@ def test_changes_kernel_matches_numpy(
         == chunk_policy.transform.encode("sub", base[want], target[want]).tobytes()
     )
     mask = base != target
+    estimates = both(lambda: transform_policy.value_bits_each(words["xor"], words["sub"]))
+    assert estimates[0] == estimates[1]  # to the last bit: the same histograms
     idx = transform_policy.window_index(pos, len(base))
     sampled = pos if idx is None else pos[idx]
     assert sampled.tolist() == transform_policy.sample_mask(mask, len(pos)).tolist()

@@ -149,3 +149,10 @@ void wd_rice(const int64_t *gaps, int64_t n, int k, uint8_t *unary, int64_t ubyt
     }
     if (filled) *rem = (uint8_t)acc;
 }
+
+/* counts[j * 256 + v] += how many of the n size-byte words hold byte v in plane j (byte j,
+ * least significant first): the byte-plane histograms of the transform pick's estimate. */
+void wd_plane_counts(const uint8_t *words, int64_t n, int size, int64_t *counts) {
+    for (int64_t i = 0; i < n; i++)
+        for (int j = 0; j < size; j++) counts[j * 256 + words[i * size + j]]++;
+}

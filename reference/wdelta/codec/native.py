@@ -34,6 +34,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_bitmap": (None, [_P, _I64, _P, _I64]),
     "wd_quotients": (_I64, [_P, _I64, _INT]),
     "wd_rice": (None, [_P, _I64, _INT, _P, _I64, _P]),
+    "wd_plane_counts": (None, [_P, _I64, _INT, _P]),
 }
 
 
@@ -47,7 +48,9 @@ def _load() -> ctypes.CDLL | None:
     except OSError:
         return None  # built for another platform, or damaged: the NumPy path serves
     for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
+        fn = getattr(lib, name, None)
+        if fn is None:
+            return None  # built from an older _kernels.c (an editable install not rebuilt)
         fn.restype, fn.argtypes = restype, argtypes
     return lib
 
@@ -132,3 +135,10 @@ def rice(gaps: Positions, k: int) -> tuple[bytes, bytes]:
     rem = np.empty((len(gaps) * k + 7) // 8, dtype=np.uint8)
     lib.wd_rice(ptr(gaps), len(gaps), k, ptr(unary), len(unary), ptr(rem))
     return unary.tobytes(), rem.tobytes()
+
+
+def plane_counts(words: np.ndarray[Any, Any], counts: np.ndarray[Any, np.dtype[np.int64]]) -> None:
+    """Add each byte plane's 256-bin histogram of ``words`` into ``counts`` (int64,
+    ``256 * itemsize`` bins, plane after plane)."""
+    assert counts.dtype == np.int64 and len(counts) == 256 * words.dtype.itemsize
+    _lib().wd_plane_counts(ptr(words), len(words), words.dtype.itemsize, ptr(counts))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import transform
+from ..codec import native, transform
 from ..format.names import Transform
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
@@ -122,9 +122,7 @@ def value_bits_each(*arrays: Words) -> list[float]:
     if n == 0:
         return [0.0] * len(arrays)
     planes = len(arrays) * s
-    offsets = np.arange(0, 256 * planes, 256, dtype=np.uint16).reshape(len(arrays), 1, s)
-    stacked = np.stack([a.view(np.uint8).reshape(-1, s) for a in arrays])
-    counts = np.bincount((stacked + offsets).reshape(-1), minlength=256 * planes)
+    counts = _plane_counts(arrays, s)
     seen = counts > 0
     p = counts[seen] / float(n)
     terms = p * np.log2(p)
@@ -138,3 +136,19 @@ def value_bits_each(*arrays: Words) -> list[float]:
             bits += plane_bits
         out.append(bits)
     return out
+
+
+def _plane_counts(arrays: tuple[Words, ...], s: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The 256-bin histograms of every byte plane of each of ``arrays``, one after another."""
+    planes = len(arrays) * s
+    if native.usable(*arrays):
+        counts = np.zeros(256 * planes, dtype=np.int64)
+        for i, words in enumerate(arrays):
+            native.plane_counts(words, counts[i * 256 * s : (i + 1) * 256 * s])
+        return counts
+    offsets = np.arange(0, 256 * planes, 256, dtype=np.uint16).reshape(len(arrays), 1, s)
+    stacked = np.stack([a.view(np.uint8).reshape(-1, s) for a in arrays])
+    found: np.ndarray[Any, np.dtype[np.int64]] = np.bincount(
+        (stacked + offsets).reshape(-1), minlength=256 * planes
+    )
+    return found
