@@ -77,9 +77,11 @@ def ptr(array: np.ndarray[Any, Any]) -> int:
 
 
 def usable(*arrays: np.ndarray[Any, Any]) -> bool:
-    """True if the kernels are on and take these word arrays (C-contiguous, 1-8 bytes)."""
+    """True if the kernels are on and take these word arrays (C-contiguous, 1-8 bytes,
+    in the machine's byte order: the kernels do arithmetic on them)."""
     return kernels() is not None and all(
-        a.flags.c_contiguous and a.dtype.itemsize in (1, 2, 4, 8) for a in arrays
+        a.flags.c_contiguous and a.dtype.itemsize in (1, 2, 4, 8) and a.dtype.isnative
+        for a in arrays
     )
 
 
