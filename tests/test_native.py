@@ -209,7 +209,11 @@ def test_changes_kernel_matches_numpy(
 ) -> None:
     base, target = pair
     with path(True):
-        pos, words = native.changes(base, target)
+        count = int((base != target).sum())
+        assert count == 0 or native.changes(base, target, count - 1) is None
+        found = native.changes(base, target, len(base))
+    assert found is not None
+    pos, words = found
     want = np.flatnonzero(base != target)
     assert pos.tolist() == want.tolist()
     assert words["xor"].tobytes() == (target[want] ^ base[want]).tobytes()
@@ -323,7 +327,9 @@ def test_native_changes_at_any_density_match_numpy(
     with path(False):
         want = _parts(chunk_policy._changes(base, target))
     with path(True):
-        assert _parts(chunk_policy._native_changes(base, target)) == want
+        found = native.changes(base, target, len(base))
+        assert found is not None
+        assert _parts(chunk_policy._native_changes(base, target, *found)) == want
 
 
 @pytest.fixture(scope="module")

@@ -28,12 +28,13 @@ static inline uint64_t nonzero_lanes(uint64_t x, uint64_t high) {
 
 /* One pass over a chunk: the positions where the size-byte elements of base and target
  * differ, in increasing order, and at each the words of both transforms, t ^ b and
- * zigzag(t - b), into outputs with room for m; returns how many.  64 bytes are
+ * zigzag(t - b), into outputs with room for cap; returns how many, or -1 as soon as
+ * more than cap differ (the outputs are then partial).  64 bytes are
  * compared at a time and skipped when equal; in a block that differs, each differing
  * element is found from the set bits of its words' lane masks. */
 #define CHANGES(S, T, HIGH)                                                             \
-    static int64_t changes##S(const T *b, const T *t, int64_t m, int64_t *pos, T *xr,   \
-                              T *sb) {                                                  \
+    static int64_t changes##S(const T *b, const T *t, int64_t m, int64_t cap, int64_t *pos, \
+                              T *xr, T *sb) {                                           \
         int64_t n = 0, i = 0;                                                           \
         const int per = 8 / S, block = 64 / S;                                          \
         for (; i + block <= m; i += block) {                                            \
@@ -47,6 +48,7 @@ static inline uint64_t nonzero_lanes(uint64_t x, uint64_t high) {
             for (int w = 0; w < 8; w++) {                                               \
                 uint64_t lanes = nonzero_lanes(x[w], HIGH);                             \
                 while (lanes) {                                                         \
+                    if (n == cap) return -1;                                            \
                     int64_t e = i + w * per + __builtin_ctzll(lanes) / (8 * S);         \
                     T d = (T)(t[e] - b[e]);                                             \
                     pos[n] = e;                                                         \
@@ -59,6 +61,7 @@ static inline uint64_t nonzero_lanes(uint64_t x, uint64_t high) {
         }                                                                               \
         for (; i < m; i++) {                                                            \
             if (b[i] == t[i]) continue;                                                 \
+            if (n == cap) return -1;                                                    \
             T d = (T)(t[i] - b[i]);                                                     \
             pos[n] = i;                                                                 \
             xr[n] = (T)(t[i] ^ b[i]);                                                   \
@@ -72,11 +75,11 @@ CHANGES(2, uint16_t, 0x8000800080008000ULL)
 CHANGES(4, uint32_t, 0x8000000080000000ULL)
 CHANGES(8, uint64_t, 0x8000000000000000ULL)
 
-int64_t wd_changes(const void *base, const void *target, int64_t m, int size, int64_t *pos,
-                   void *xr, void *sb) {
+int64_t wd_find_changes(const void *base, const void *target, int64_t m, int64_t cap, int size,
+                   int64_t *pos, void *xr, void *sb) {
 #define CASE(S, T)                                                                      \
     if (size == S)                                                                      \
-        return changes##S((const T *)base, (const T *)target, m, pos, (T *)xr, (T *)sb);
+        return changes##S((const T *)base, (const T *)target, m, cap, pos, (T *)xr, (T *)sb);
     FOR_SIZES(CASE)
 #undef CASE
     return 0;

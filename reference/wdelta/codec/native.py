@@ -29,7 +29,7 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
-    "wd_changes": (_I64, [_P, _P, _I64, _INT, _P, _P, _P]),
+    "wd_find_changes": (_I64, [_P, _P, _I64, _I64, _INT, _P, _P, _P]),
     "wd_apply": (_I64, [_P, _I64, _P, _I64, _P, _INT, _INT, _INT]),
     "wd_bitmap": (None, [_P, _I64, _P, _I64]),
     "wd_quotients": (_I64, [_P, _I64, _INT]),
@@ -92,16 +92,17 @@ def _lib() -> ctypes.CDLL:
 
 
 def changes(
-    base: np.ndarray[Any, Any], target: np.ndarray[Any, Any]
-) -> tuple[Positions, dict[str, np.ndarray[Any, Any]]]:
+    base: np.ndarray[Any, Any], target: np.ndarray[Any, Any], limit: int
+) -> tuple[Positions, dict[str, np.ndarray[Any, Any]]] | None:
     """Sorted positions where ``base`` and ``target`` (same length and dtype) differ, and
-    the words there of each transform (``xor``, and ``sub`` zigzag-coded), in one pass."""
-    m = len(base)
-    pos = np.empty(m, dtype=np.int64)
-    xor, sub = np.empty(m, dtype=base.dtype), np.empty(m, dtype=base.dtype)
-    args = (ptr(base), ptr(target), m, base.dtype.itemsize, ptr(pos), ptr(xor), ptr(sub))
-    n = _lib().wd_changes(*args)
-    return pos[:n], {"xor": xor[:n], "sub": sub[:n]}
+    the words there of each transform (``xor``, and ``sub`` zigzag-coded), in one pass;
+    None if more than ``limit`` differ.  Memory: ``limit`` entries of each output."""
+    pos = np.empty(limit, dtype=np.int64)
+    xor, sub = np.empty(limit, dtype=base.dtype), np.empty(limit, dtype=base.dtype)
+    size = base.dtype.itemsize
+    args = (ptr(base), ptr(target), len(base), limit, size, ptr(pos), ptr(xor), ptr(sub))
+    n = _lib().wd_find_changes(*args)
+    return None if n < 0 else (pos[:n], {"xor": xor[:n], "sub": sub[:n]})
 
 
 def apply(
