@@ -368,3 +368,27 @@ def test_mutated_blobs_same_outcome_on_both_paths(seeds: Seeds, data: st.DataObj
     delta = d.write(work / "edited.wdelta")
     outcomes = both(lambda: _apply_outcome(seeds, delta, work))
     assert outcomes[0] == outcomes[1]
+
+
+def test_a_read_only_source_is_refused_on_both_paths() -> None:
+    base = np.arange(50_000, dtype=np.uint16)
+    target = base.copy()
+    target[5] += 1
+    fields, stored, _ = _encoded(chunk_policy.encode_modified(base, target, None, False, False))
+    assert stored is not None and fields["encoding"] == "sparse"
+    payload = blob.decompress(fields["codec"], stored, fields["raw_length"])
+    source = base.copy()
+    source.flags.writeable = False
+    for on in (False, True):
+        with path(on), pytest.raises(ValueError, match="read-only"):
+            chunk_codec.decode(
+                "sparse",
+                fields["transform"],
+                payload,
+                source,
+                len(source),
+                source.dtype,
+                False,
+                fields["changed"],
+            )
+        assert source.tobytes() == base.tobytes()

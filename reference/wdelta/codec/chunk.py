@@ -76,7 +76,13 @@ def decode(
     pos, values = sparse.decode(payload, m, word, coded, changed)
     if len(pos) != changed:
         raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header {changed}")
-    if native.usable(source, pos, values) and values.dtype == source.dtype:
+    # The kernel writes into ``source`` as the NumPy line below does (which refuses a
+    # read-only array): only a writable one reaches it.
+    if (
+        native.usable(source, pos, values)
+        and values.dtype == source.dtype
+        and source.flags.writeable
+    ):
         transform.check(kind)
         native.apply(kind == "sub", reverse, source, pos, values)
         return source
