@@ -128,6 +128,14 @@ int64_t wd_quotients(const int64_t *gaps, int64_t n, int k) {
     return s;
 }
 
+/* Sum of gaps[i] >> k over every step-th gap (i = 0, step, 2 step, ... < n): the Rice
+ * parameter's judge on a strided sample, without copying it. */
+int64_t wd_sample_quotients(const int64_t *gaps, int64_t n, int64_t step, int k) {
+    int64_t s = 0;
+    for (int64_t i = 0; i < n; i += step) s += gaps[i] >> k;
+    return s;
+}
+
 /* Both Rice streams of the gaps with parameter k (0..31): the unary stream (ubytes, its
  * size from wd_quotients) and the remainder stream of ceil(n * k / 8) bytes, LSB first,
  * padding bits zero. */

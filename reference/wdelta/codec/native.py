@@ -35,6 +35,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_quotients": (_I64, [_P, _I64, _INT]),
     "wd_rice": (None, [_P, _I64, _INT, _P, _I64, _P]),
     "wd_plane_counts": (None, [_P, _I64, _INT, _P]),
+    "wd_sample_quotients": (_I64, [_P, _I64, _I64, _INT]),
 }
 
 
@@ -128,6 +129,12 @@ def bitmap(pos: Positions, m: int) -> bytes:
 def quotients(gaps: Positions, k: int) -> int:
     """The sum of ``gaps >> k``."""
     total: int = _lib().wd_quotients(ptr(gaps), len(gaps), k)
+    return total
+
+
+def sample_quotients(gaps: Positions, step: int, k: int) -> int:
+    """The sum of ``gaps[::step] >> k``."""
+    total: int = _lib().wd_sample_quotients(ptr(gaps), len(gaps), step, k)
     return total
 
 
