@@ -38,6 +38,7 @@ from wdelta.errors import WdeltaError
 from wdelta.policy import chunk as chunk_policy
 from wdelta.policy import rice
 from wdelta.policy import transform as transform_policy
+from wdelta.policy import values as values_policy
 
 R = TypeVar("R")
 BUILT = native._load() is not None
@@ -406,3 +407,21 @@ def test_rice_parameter_is_the_same_on_both_paths(n: int, mean: float, seed: int
     gaps = np.random.default_rng(seed).geometric(1 / (mean + 1), n).astype(np.int64) - 1
     ks = both(lambda: rice.best_rice_k(gaps))
     assert ks[0] == ks[1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    size=st.sampled_from(SIZES),
+    n=st.sampled_from([1, 2, 9, 300, 5000]),
+    levels=st.integers(0, 5),
+    final=st.sampled_from([values_policy.PLANES, values_policy.RICE]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_coded_values_levels_are_the_same_on_both_paths(
+    size: int, n: int, levels: int, final: int, seed: int
+) -> None:
+    # Skewed words (a few values most of the time), as an optimizer step's are.
+    rng = np.random.default_rng(seed)
+    words = rng.geometric(rng.uniform(0.05, 0.9), n).astype(word_dtype(size))
+    coded = both(lambda: values_policy.encode_as(words, levels, final))
+    assert (coded[0].data, coded[0].sections) == (coded[1].data, coded[1].sections)

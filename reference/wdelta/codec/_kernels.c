@@ -167,3 +167,26 @@ void wd_plane_counts(const uint8_t *words, int64_t n, int size, int64_t *counts)
     for (int64_t i = 0; i < n; i++)
         for (int j = 0; j < size; j++) counts[j * 256 + words[i * size + j]]++;
 }
+
+/* One split level of the coded values: the indices of the n words of rest that are not
+ * split, in increasing order, into keep, and those words into kept; returns how many. */
+#define SPLIT(S, T)                                                                     \
+    static int64_t split##S(const T *rest, int64_t n, T split, int64_t *keep, T *kept) { \
+        int64_t c = 0;                                                                  \
+        for (int64_t i = 0; i < n; i++) {                                               \
+            keep[c] = i;                                                                \
+            kept[c] = rest[i];                                                          \
+            c += rest[i] != split;                                                      \
+        }                                                                               \
+        return c;                                                                       \
+    }
+FOR_SIZES(SPLIT)
+
+int64_t wd_split(const void *rest, int64_t n, int size, uint64_t split, int64_t *keep,
+                 void *kept) {
+#define CASE(S, T) \
+    if (size == S) return split##S((const T *)rest, n, (T)split, keep, (T *)kept);
+    FOR_SIZES(CASE)
+#undef CASE
+    return 0;
+}

@@ -36,6 +36,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_rice": (None, [_P, _I64, _INT, _P, _I64, _P]),
     "wd_plane_counts": (None, [_P, _I64, _INT, _P]),
     "wd_sample_quotients": (_I64, [_P, _I64, _I64, _INT]),
+    "wd_split": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P]),
 }
 
 
@@ -152,3 +153,11 @@ def plane_counts(words: np.ndarray[Any, Any], counts: np.ndarray[Any, np.dtype[n
     ``256 * itemsize`` bins, plane after plane)."""
     assert counts.dtype == np.int64 and len(counts) == 256 * words.dtype.itemsize
     _lib().wd_plane_counts(ptr(words), len(words), words.dtype.itemsize, ptr(counts))
+
+
+def split(rest: np.ndarray[Any, Any], word: int) -> tuple[Positions, np.ndarray[Any, Any]]:
+    """(indices of the words of ``rest`` that are not ``word``, those words), in one pass."""
+    keep = np.empty(len(rest), dtype=np.int64)
+    kept = np.empty(len(rest), dtype=rest.dtype)
+    n = _lib().wd_split(ptr(rest), len(rest), rest.dtype.itemsize, word, ptr(keep), ptr(kept))
+    return keep[:n], kept[:n]
