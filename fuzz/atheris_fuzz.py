@@ -11,7 +11,9 @@ digest, so mutations get past the checksum), a whole delta file, a
 safetensors file, a shard index, or a chain manifest.  Every target checks
 the property of tests/fuzz_targets.py (the right result or a WdeltaError of a
 documented category, no output left after a refusal, inputs unchanged); any
-other exception is a crash that libFuzzer reports with its input.
+other exception is a crash that libFuzzer reports with its input.  The readers
+run the compiled kernels where they are built (``wdelta --version`` names the
+backend); ``WDELTA_NATIVE=0`` fuzzes the NumPy path.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import pytest
 import wdelta
 from test_cli import ENV, run
 from wdelta.chain.manifest import MANIFEST_VERSION
+from wdelta.codec import native
 from wdelta.format.header import FORMAT_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,7 @@ def test_version_names_package_and_format_versions() -> None:
     assert result.stdout == (
         f"wdelta {wdelta.__version__} (format v{manifest['format_version']}, "
         f"chain manifest v{MANIFEST_VERSION}, "
-        f"conformance suite v{manifest['manifest_version']})\n"
+        f"conformance suite v{manifest['manifest_version']}, backend {native.backend()})\n"
     )
     assert manifest["format_version"] == FORMAT_VERSION
 

@@ -60,11 +60,14 @@ class _VersionAction(argparse.Action):
 
 
 def version_line() -> str:
-    """``wdelta 0.1.0 (format v1, chain manifest v1, conformance suite v1)``."""
+    """``wdelta 0.1.0 (format v1, chain manifest v1, conformance suite v1, backend native)``:
+    the backend is the codec path in use (the compiled kernels, or NumPy only)."""
+    from ..codec import native  # imported here: the other commands' start-up needs none
+
     return (
         f"wdelta {__version__} (format v{FORMAT_VERSION}, "
         f"chain manifest v{CHAIN_MANIFEST_VERSION}, "
-        f"conformance suite v{CONFORMANCE_SUITE_VERSION})"
+        f"conformance suite v{CONFORMANCE_SUITE_VERSION}, backend {native.backend()})"
     )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import EncodingInvalidError
 from ..format.names import Encoding, Transform
-from . import blob, planes, sparse, transform
+from . import blob, native, planes, sparse, transform
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 
@@ -76,6 +76,16 @@ def decode(
     pos, values = sparse.decode(payload, m, word, coded, changed)
     if len(pos) != changed:
         raise EncodingInvalidError(f"sparse payload holds {len(pos)} positions, header {changed}")
+    # The kernel writes into ``source`` as the NumPy line below does (which refuses a
+    # read-only array): only a writable one reaches it.
+    if (
+        native.usable(source, pos, values)
+        and values.dtype == source.dtype
+        and source.flags.writeable
+    ):
+        transform.check(kind)
+        native.apply(kind == "sub", reverse, source, pos, values)
+        return source
     # take() gathers faster than fancy indexing; values are fresh and consumed.
     source[pos] = invert(kind, source.take(pos), values)
     return source

@@ -180,19 +180,24 @@ class Level:
 
 
 def encode_level(
-    rest: Words, split: Words, mask: np.ndarray[Any, np.dtype[np.bool_]], keep: Positions, k: int
-) -> Level:
+    rest: Words, split: Words, mask: np.ndarray[Any, np.dtype[np.bool_]] | None, keep: Positions,
+    k: int, kept: Words | None = None,
+) -> Level:  # fmt: skip
     """The level that splits ``split`` off the open values ``rest`` with Rice parameter
-    ``k``; ``mask`` is ``rest != split`` and ``keep`` its set indices (k 0 if none)."""
+    ``k``; ``mask`` is ``rest != split`` (None: not built) and ``keep`` its set indices
+    (k 0 if none); ``kept`` is ``rest.take(keep)`` where the caller has it."""
     if not len(keep):
         unary, rem = b"", b""
-    elif k == 0:
+    elif k == 0 and mask is not None:
         # The unary stream of k = 0 is the mask itself up to the byte of its last 1 bit.
         unary, rem = np.packbits(mask[: int(keep[-1]) + 1], bitorder="little").tobytes(), b""
+    elif k == 0:
+        unary, rem = positions.bitmap_encode(keep, int(keep[-1]) + 1), b""
     else:
         unary, rem = positions.rice_encode(positions.gaps_of(keep), k)
     head = bytes([k]) + leb128.encode(len(unary))
-    return Level(split, head + unary + rem, len(head) + len(unary), rest.take(keep))
+    rest_kept = rest.take(keep) if kept is None else kept
+    return Level(split, head + unary + rem, len(head) + len(unary), rest_kept)
 
 
 def serialize(levels: list[Level], rest: Words, final: int, k: int) -> Coded:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EncodingInvalidError, IndexOutOfRangeError
+from . import native
 
 Positions = np.ndarray[Any, np.dtype[np.int64]]
 MAX_RICE_K = 31
@@ -50,6 +51,8 @@ def rice_encode(gaps: Positions, k: int, ones: Positions | None = None) -> tuple
 
     ``ones`` is :func:`unary_ones` of the gaps when the caller has it already.
     """
+    if ones is None and native.usable(gaps):
+        return native.rice(gaps, k)
     if ones is None:
         ones = unary_ones(gaps, k)
     unary = unary_stream(ones)
@@ -202,6 +205,8 @@ def remainder_fields(data: bytes | memoryview, count: int, k: int) -> np.ndarray
 
 def bitmap_encode(positions: Positions, m: int) -> bytes:
     """ceil(m / 8) bytes, bit j set where element j changed."""
+    if native.usable(positions):
+        return native.bitmap(positions, m)
     bits = np.zeros(m, dtype=np.bool_)
     bits[positions] = True
     return np.packbits(bits, bitorder="little").tobytes()

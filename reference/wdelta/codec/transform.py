@@ -18,7 +18,7 @@ from ..format.names import TRANSFORMS, Transform
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 
 
-def _check(kind: str) -> None:
+def check(kind: str) -> None:
     if kind not in TRANSFORMS:
         raise UnsupportedFeatureError(f"unknown transform {kind!r}")
 
@@ -43,7 +43,7 @@ def unzigzag(v: Words) -> Words:
 
 def difference(kind: Transform, base: Words, target: Words) -> Words:
     """``t ^ b`` or ``(t - b) mod 2^w``: the transform before :func:`code`."""
-    _check(kind)
+    check(kind)
     if kind == "xor":
         return np.bitwise_xor(target, base)
     return np.subtract(target, base)
@@ -68,7 +68,7 @@ def to_target(kind: Transform, base: Words, v: Words) -> Words:
 
     ``v`` is consumed: it holds the result (or scratch) afterwards.
     """
-    _check(kind)
+    check(kind)
     if kind == "xor":
         return np.bitwise_xor(base, v, out=v)
     return np.add(base, unzigzag(v), out=v)
@@ -79,7 +79,7 @@ def to_base(kind: Transform, target: Words, v: Words) -> Words:
 
     ``v`` is consumed: it holds the result (or scratch) afterwards.
     """
-    _check(kind)
+    check(kind)
     if kind == "xor":
         return np.bitwise_xor(target, v, out=v)
     return np.subtract(target, unzigzag(v), out=v)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import transform
+from ..codec import native, transform
 from ..format.names import Transform
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
@@ -35,11 +35,16 @@ def _starts(n: int, length: int) -> np.ndarray[Any, np.dtype[np.int64]]:
 
 def sample(positions: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """At most SAMPLE of the sorted ``positions``: all of them, or WINDOWS runs."""
-    n, run = len(positions), SAMPLE // WINDOWS
+    idx = sample_index(len(positions))
+    return positions if idx is None else positions.take(idx)
+
+
+def sample_index(n: int) -> np.ndarray[Any, Any] | None:
+    """Where :func:`sample` takes its runs among ``n`` positions (None: all of them)."""
+    run = SAMPLE // WINDOWS
     if n <= SAMPLE:
-        return positions
-    idx = (_starts(n, run)[:, None] + np.arange(run)).reshape(-1)
-    return positions.take(idx)
+        return None
+    return (_starts(n, run)[:, None] + np.arange(run)).reshape(-1)
 
 
 def sample_mask(mask: np.ndarray[Any, np.dtype[np.bool_]], count: int) -> np.ndarray[Any, Any]:
@@ -58,10 +63,27 @@ def sample_mask(mask: np.ndarray[Any, np.dtype[np.bool_]], count: int) -> np.nda
     )
 
 
+def window_index(positions: np.ndarray[Any, Any], m: int) -> np.ndarray[Any, Any] | None:
+    """Where, among the sorted ``positions`` of the changed elements of a chunk of ``m``,
+    are those :func:`sample_mask` samples (None: all of them); the windows do not overlap."""
+    count = len(positions)
+    length = -(-SAMPLE * m // (count * WINDOWS)) if count else m
+    if length * WINDOWS >= m:
+        return None
+    starts = _starts(m, length)
+    lo, hi = np.searchsorted(positions, starts), np.searchsorted(positions, starts + length)
+    return np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)])
+
+
 def pick(base: Words, target: Words, sampled: np.ndarray[Any, Any]) -> Transform:
     """The transform whose values at the positions ``sampled`` look cheaper."""
     b, t = base.take(sampled), target.take(sampled)
-    xor_bits, sub_bits = value_bits_each(np.bitwise_xor(b, t), transform.encode("sub", b, t))
+    return pick_words(np.bitwise_xor(b, t), transform.encode("sub", b, t))
+
+
+def pick_words(xor: Words, sub: Words) -> Transform:
+    """:func:`pick` from the sampled words of both transforms (``sub`` zigzag-coded)."""
+    xor_bits, sub_bits = value_bits_each(xor, sub)
     return "sub" if sub_bits < xor_bits else "xor"
 
 
@@ -100,9 +122,7 @@ def value_bits_each(*arrays: Words) -> list[float]:
     if n == 0:
         return [0.0] * len(arrays)
     planes = len(arrays) * s
-    offsets = np.arange(0, 256 * planes, 256, dtype=np.uint16).reshape(len(arrays), 1, s)
-    stacked = np.stack([a.view(np.uint8).reshape(-1, s) for a in arrays])
-    counts = np.bincount((stacked + offsets).reshape(-1), minlength=256 * planes)
+    counts = _plane_counts(arrays, s)
     seen = counts > 0
     p = counts[seen] / float(n)
     terms = p * np.log2(p)
@@ -116,3 +136,19 @@ def value_bits_each(*arrays: Words) -> list[float]:
             bits += plane_bits
         out.append(bits)
     return out
+
+
+def _plane_counts(arrays: tuple[Words, ...], s: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The 256-bin histograms of every byte plane of each of ``arrays``, one after another."""
+    planes = len(arrays) * s
+    if native.usable(*arrays):
+        counts = np.zeros(256 * planes, dtype=np.int64)
+        for i, words in enumerate(arrays):
+            native.plane_counts(words, counts[i * 256 * s : (i + 1) * 256 * s])
+        return counts
+    offsets = np.arange(0, 256 * planes, 256, dtype=np.uint16).reshape(len(arrays), 1, s)
+    stacked = np.stack([a.view(np.uint8).reshape(-1, s) for a in arrays])
+    found: np.ndarray[Any, np.dtype[np.int64]] = np.bincount(
+        (stacked + offsets).reshape(-1), minlength=256 * planes
+    )
+    return found

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import coded_values, leb128, sparse
+from ..codec import coded_values, leb128, native, sparse
 from ..codec.coded_values import MAX_LEVELS, PLANES, RICE, Coded
 from .rice import geometric_rice_k, words_rice_k
 
@@ -173,13 +173,17 @@ DENSE_KEEP = 0.382
 
 def _split(rest: Words, split: Words) -> coded_values.Level:
     """The level that splits ``split`` off the open values ``rest``."""
-    mask = rest != split[0]
-    keep = np.flatnonzero(mask)
+    mask, kept = None, None
+    if native.usable(rest):  # the kept indices and words in one pass, no mask
+        keep, kept = native.split(rest, int(split[0]))
+    else:
+        mask = rest != split[0]
+        keep = np.flatnonzero(mask)
     if not len(keep) or len(keep) >= DENSE_KEEP * len(rest):
         k = 0
     else:
         k = geometric_rice_k(len(keep), len(rest))
-    return coded_values.encode_level(rest, split, mask, keep, k)
+    return coded_values.encode_level(rest, split, mask, keep, k, kept)
 
 
 def _histogram(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:

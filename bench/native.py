@@ -1,0 +1,240 @@
+"""Native kernels against the NumPy path, zstd -3 of the XOR and the I/O floor, side by side.
+
+    python bench/native.py                        # bf16 and fp8 E4M3 at 2%, 60 M elements
+    python bench/native.py --elements 500000000   # the 1 GB bf16 share (and a 500 M fp8 model)
+    python bench/native.py --pair BASE TARGET     # any pair of checkpoints (repeatable)
+
+Flags:
+  --dir DIR          data folder for the synthetic pairs (default /work/bench-data)
+  --elements N       model size of the synthetic cases (default 60_000_000)
+  --density D        their density of changed elements (default 0.02)
+  --no-synthetic     only the --pair cases
+  --threads T        threads of wdelta diff/apply and of the floor's hashing (default 2)
+  --repeat R         rounds; in each every method runs once, one after another, and the
+                     fastest run of each method counts (default 3)
+
+Every method runs in this process, file to file (no interpreter start-up):
+wdelta diff and apply with the NumPy path (``WDELTA_NATIVE=0``) and with the native
+kernels; "XOR the files, zstd -3 the result" and its inverse (bench/peers.py); and the
+floors: encode = read both inputs + BLAKE3 of both, decode = read the base + BLAKE3 of
+the output + write it as apply does (O_DIRECT where possible, one fsync), on the same
+number of threads.  MB/s count the target's
+bytes; "x zstd -3" is speed over zstd's speed, "x floor" time over the floor's time
+(wall clock, fastest round), "CPU x floor" the CPU seconds of all threads over the
+floor's (least round): on a shared machine wall time follows the load, CPU time much
+less.  Targets, judged on the native path's wall time: encode and decode >= 1.5x
+zstd -3, and each within 1.5x of its floor.  Each delta and rebuilt file is
+checked: both paths' deltas byte-identical, the rebuilt file equal to the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import blake3
+import cases
+import peers
+
+import wdelta
+from wdelta.codec import native
+from wdelta.io.output_file import OutputFile
+from wdelta.testing import synthetic
+
+BLOCK = 8 << 20
+PEER_RATIO = 1.5  # encode and decode at least this many times zstd -3's speed
+FLOOR_RATIO = 1.5  # and at most this many times their floor's time
+
+
+Times = tuple[float, float]  # (wall seconds, CPU seconds of this process: all threads)
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(fn: Callable[[], Any]) -> Times:
+    start, cpu = time.perf_counter(), _cpu()
+    fn()
+    return time.perf_counter() - start, _cpu() - cpu
+
+
+def _halves(path: Path, threads: int) -> list[tuple[int, int]]:
+    size = path.stat().st_size
+    step = -(-size // threads)
+    return [(a, min(size, a + step)) for a in range(0, size, step)]
+
+
+def _read_hash(path: Path, lo: int, hi: int) -> None:
+    """Read bytes lo..hi of ``path`` in blocks and BLAKE3 them (one thread)."""
+    hasher, buf = blake3.blake3(max_threads=1), bytearray(BLOCK)
+    with open(path, "rb", buffering=0) as f:
+        at = lo
+        while at < hi:
+            n = os.preadv(f.fileno(), [memoryview(buf)[: min(BLOCK, hi - at)]], at)
+            hasher.update(memoryview(buf)[:n])
+            at += n
+
+
+def encode_floor(base: Path, target: Path, threads: int) -> Times:
+    """Seconds to read both inputs and BLAKE3 them, on ``threads`` threads."""
+    jobs = [(p, lo, hi) for p in (base, target) for lo, hi in _halves(p, max(1, threads // 2))]
+    with ThreadPoolExecutor(threads) as pool:
+        return _timed(lambda: list(pool.map(lambda j: _read_hash(*j), jobs)))
+
+
+def decode_floor(base: Path, target: Path, out: Path, threads: int) -> Times:
+    """Seconds to read the base and BLAKE3 the output (the target's bytes, in memory) on
+    ``threads`` threads while this one writes it to ``out`` the way apply does (wdelta's
+    OutputFile: O_DIRECT where possible, background flushes), then one fsync."""
+    data = memoryview(target.read_bytes())
+
+    def part(lo: int, hi: int) -> None:
+        _read_hash(base, lo, min(hi, base.stat().st_size))
+        blake3.blake3(data[lo:hi], max_threads=1).digest()
+
+    def run() -> None:
+        fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(fd, len(data))
+        writer = OutputFile(fd)
+        try:
+            with ThreadPoolExecutor(threads) as pool:
+                hashed = [pool.submit(part, lo, hi) for lo, hi in _halves(target, threads)]
+                for at in range(0, len(data), BLOCK):
+                    writer.write(data[at : at + BLOCK], at)
+                for future in hashed:
+                    future.result()
+            writer.finish()
+            os.fsync(fd)
+        finally:
+            writer.close()
+            os.close(fd)
+
+    times = _timed(run)
+    out.unlink()
+    return times
+
+
+def wdelta_round(base: Path, target: Path, work: Path, path: str, threads: int) -> dict[str, Any]:
+    """diff and apply with the NumPy path or the native kernels; the rebuilt file checked."""
+    os.environ[native.ENV] = "0" if path == "numpy" else "1"
+    delta, rebuilt = work / f"{path}.wdelta", work / f"{path}.rebuilt"
+    try:
+        enc = _timed(lambda: wdelta.diff(base, target, delta, threads=threads, overwrite=True))
+        dec = _timed(lambda: wdelta.apply(base, delta, rebuilt, threads=threads, overwrite=True))
+    finally:
+        os.environ.pop(native.ENV, None)
+    if rebuilt.read_bytes() != target.read_bytes():
+        raise AssertionError(f"{path} path: apply did not rebuild {target}")
+    rebuilt.unlink()
+    return {"encode": enc, "decode": dec, "bytes": delta.read_bytes()}
+
+
+def measure(base: Path, target: Path, repeat: int, threads: int) -> dict[str, dict[str, Times]]:
+    """The fastest (wall) and least (CPU) encode/decode seconds of every method over
+    ``repeat`` rounds; the two paths swap places every round."""
+    best: dict[str, dict[str, Times]] = {}
+
+    def keep(name: str, op: str, times: Times) -> None:
+        old = best.setdefault(name, {}).get(op, times)
+        best[name][op] = (min(old[0], times[0]), min(old[1], times[1]))
+
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        work = Path(tmp)
+        for r in range(repeat):
+            order = ("numpy", "native") if r % 2 == 0 else ("native", "numpy")
+            runs = {p: wdelta_round(base, target, work, p, threads) for p in order}
+            if runs["numpy"]["bytes"] != runs["native"]["bytes"]:
+                raise AssertionError(f"the two paths wrote different deltas for {target}")
+            for name in ("numpy", "native"):
+                keep(name, "encode", runs[name]["encode"])
+                keep(name, "decode", runs[name]["decode"])
+            for op, times in _zstd_round(base, target, work).items():
+                keep("zstd -3 of XOR", op, times)
+            keep("floor", "encode", encode_floor(base, target, threads))
+            keep("floor", "decode", decode_floor(base, target, work / "floor.out", threads))
+    return best
+
+
+def _zstd_round(base: Path, target: Path, work: Path) -> dict[str, Times]:
+    """Times of "XOR the files, zstd -3 the result" (bench/peers.py) and its inverse."""
+    steps: list[Times] = []
+
+    def timer(fn: Callable[[], Any]) -> tuple[None, float]:
+        steps.append(_timed(fn))
+        return None, steps[-1][0]
+
+    peers.zstd_xor_files(base, target, work, timer=timer)
+    return {"encode": steps[0], "decode": steps[1]}
+
+
+def report(name: str, size: int, best: dict[str, dict[str, Times]]) -> list[str]:
+    """Markdown rows of one case, and the targets judged on the native path (wall)."""
+    z, floor = best["zstd -3 of XOR"], best["floor"]
+    rows = []
+    for method, t in best.items():
+        cells = []
+        for op in ("encode", "decode"):
+            wall, cpu = t[op]
+            cells += [f"{size / wall / 1e6:.0f}", f"{z[op][0] / wall:.2f}x",
+                      f"{wall / floor[op][0]:.2f}x", f"{cpu / floor[op][1]:.2f}x"]  # fmt: skip
+        rows.append(f"| {name} | {method} | {' | '.join(cells)} |")
+    for op in ("encode", "decode"):
+        peer, over = z[op][0] / best["native"][op][0], best["native"][op][0] / floor[op][0]
+        verdict = "PASS" if peer >= PEER_RATIO and over <= FLOOR_RATIO else "MISS"
+        rows.append(f"| {name} | **native {op}: {verdict}** | {peer:.2f}x zstd -3 "
+                    f"(>= {PEER_RATIO}), {over:.2f}x floor (<= {FLOOR_RATIO}) |||||||")  # fmt: skip
+    return rows
+
+
+HEAD = (
+    "| case | method | encode MB/s | x zstd -3 | x floor | CPU x floor "
+    "| decode MB/s | x zstd -3 | x floor | CPU x floor |\n|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def _cases(args: argparse.Namespace) -> list[tuple[str, Path, Path]]:
+    out = [(f"{b.name} -> {t.name}", b, t) for b, t in args.pair]
+    if not args.no_synthetic:
+        for fp8 in (False, True):
+            spec = synthetic.spec_for_elements(args.elements, fp8=fp8)
+            case = cases.prepare(Path(args.dir), "", spec, args.density, 0)
+            label = (
+                f"{'fp8 e4m3' if fp8 else 'bf16'} {args.density:.0%}, {spec.nbytes / 1e9:.2f} GB"
+            )
+            out.append((label, case.base, case.target))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--dir", default="/work/bench-data")
+    p.add_argument("--elements", type=int, default=60_000_000)
+    p.add_argument("--density", type=float, default=0.02)
+    p.add_argument("--no-synthetic", action="store_true")
+    p.add_argument("--pair", nargs=2, type=Path, action="append", default=[])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args(argv)
+    if native.kernels() is None:
+        print("the native kernels are not built (wdelta --version says the backend)")
+        return 1
+    print(f"{native.backend()} kernels; {args.threads} threads; fastest of {args.repeat} rounds\n")
+    print(HEAD)
+    for name, base, target in _cases(args):
+        best = measure(base, target, args.repeat, args.threads)
+        print("\n".join(report(name, target.stat().st_size, best)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

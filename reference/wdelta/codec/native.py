@@ -1,0 +1,163 @@
+"""The optional compiled kernels (``_kernels.c``), or None where they are not built.
+
+The NumPy code of :mod:`wdelta.codec` and :mod:`wdelta.policy` stays the normative
+reference; each kernel is a fused, exact equivalent of a few of its passes, and the
+callers fall back to NumPy when :func:`kernels` returns None.  ``pip install`` builds the
+library where a C compiler exists; ``WDELTA_NATIVE=0`` in the environment selects the
+NumPy path (read on every call, so tests can compare both in one process).
+
+The library has no Python API: it is loaded with ctypes, which releases the GIL around
+each call, so the encoder's and decoder's threads run kernels in parallel.  Callers
+pass only buffers they allocated or validated, of the lengths the kernels expect.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Positions = np.ndarray[Any, np.dtype[np.int64]]
+LIBRARY = "_wdelta_kernels.so"
+ENV = "WDELTA_NATIVE"
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "wd_find_changes": (_I64, [_P, _P, _I64, _I64, _INT, _P, _P, _P]),
+    "wd_apply": (_I64, [_P, _I64, _P, _I64, _P, _INT, _INT, _INT]),
+    "wd_bitmap": (None, [_P, _I64, _P, _I64]),
+    "wd_quotients": (_I64, [_P, _I64, _INT]),
+    "wd_rice": (None, [_P, _I64, _INT, _P, _I64, _P]),
+    "wd_plane_counts": (None, [_P, _I64, _INT, _P]),
+    "wd_sample_quotients": (_I64, [_P, _I64, _I64, _INT]),
+    "wd_split": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P]),
+}
+
+
+@cache
+def _load() -> ctypes.CDLL | None:
+    path = Path(__file__).with_name(LIBRARY)
+    if not path.exists():
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None  # built for another platform, or damaged: the NumPy path serves
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name, None)
+        if fn is None:
+            return None  # built from an older _kernels.c (an editable install not rebuilt)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def kernels() -> ctypes.CDLL | None:
+    """The loaded library, or None (not built, or ``WDELTA_NATIVE=0``)."""
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    return _load()
+
+
+def backend() -> str:
+    """``native`` or ``numpy``: the path the codec takes now, for ``--version``."""
+    if kernels() is not None:
+        return "native"
+    return "numpy (disabled by WDELTA_NATIVE=0)" if _load() is not None else "numpy"
+
+
+def ptr(array: np.ndarray[Any, Any]) -> int:
+    """The address of a C-contiguous array's first element."""
+    assert array.flags.c_contiguous
+    address: int = array.ctypes.data
+    return address
+
+
+def usable(*arrays: np.ndarray[Any, Any]) -> bool:
+    """True if the kernels are on and take these word arrays (C-contiguous, 1-8 bytes,
+    in the machine's byte order: the kernels do arithmetic on them)."""
+    return kernels() is not None and all(
+        a.flags.c_contiguous and a.dtype.itemsize in (1, 2, 4, 8) and a.dtype.isnative
+        for a in arrays
+    )
+
+
+def _lib() -> ctypes.CDLL:
+    lib = kernels()
+    assert lib is not None, "native kernels called while off"
+    return lib
+
+
+def changes(
+    base: np.ndarray[Any, Any], target: np.ndarray[Any, Any], limit: int
+) -> tuple[Positions, dict[str, np.ndarray[Any, Any]]] | None:
+    """Sorted positions where ``base`` and ``target`` (same length and dtype) differ, and
+    the words there of each transform (``xor``, and ``sub`` zigzag-coded), in one pass;
+    None if more than ``limit`` differ.  Memory: ``limit`` entries of each output."""
+    pos = np.empty(limit, dtype=np.int64)
+    xor, sub = np.empty(limit, dtype=base.dtype), np.empty(limit, dtype=base.dtype)
+    size = base.dtype.itemsize
+    args = (ptr(base), ptr(target), len(base), limit, size, ptr(pos), ptr(xor), ptr(sub))
+    n = _lib().wd_find_changes(*args)
+    return None if n < 0 else (pos[:n], {"xor": xor[:n], "sub": sub[:n]})
+
+
+def apply(
+    sub: bool, reverse: bool, source: np.ndarray[Any, Any], pos: Positions,
+    values: np.ndarray[Any, Any],
+) -> None:  # fmt: skip
+    """Undo the transform in place at the validated positions ``pos`` of ``source``."""
+    lib = _lib()
+    size = source.dtype.itemsize
+    bad = lib.wd_apply(
+        ptr(source), len(source), ptr(pos), len(pos), ptr(values), size, sub, reverse
+    )
+    assert bad < 0, f"position {bad} outside the chunk reached the apply kernel"
+
+
+def bitmap(pos: Positions, m: int) -> bytes:
+    """ceil(m / 8) bytes, bit p set for each p in ``pos`` (all below m)."""
+    out = np.empty((m + 7) // 8, dtype=np.uint8)
+    _lib().wd_bitmap(ptr(pos), len(pos), ptr(out), len(out))
+    return out.tobytes()
+
+
+def quotients(gaps: Positions, k: int) -> int:
+    """The sum of ``gaps >> k``."""
+    total: int = _lib().wd_quotients(ptr(gaps), len(gaps), k)
+    return total
+
+
+def sample_quotients(gaps: Positions, step: int, k: int) -> int:
+    """The sum of ``gaps[::step] >> k``."""
+    total: int = _lib().wd_sample_quotients(ptr(gaps), len(gaps), step, k)
+    return total
+
+
+def rice(gaps: Positions, k: int) -> tuple[bytes, bytes]:
+    """(unary stream, remainder stream) of the non-empty ``gaps`` with parameter k."""
+    lib = _lib()
+    unary = np.empty((quotients(gaps, k) + len(gaps) - 1) // 8 + 1, dtype=np.uint8)
+    rem = np.empty((len(gaps) * k + 7) // 8, dtype=np.uint8)
+    lib.wd_rice(ptr(gaps), len(gaps), k, ptr(unary), len(unary), ptr(rem))
+    return unary.tobytes(), rem.tobytes()
+
+
+def plane_counts(words: np.ndarray[Any, Any], counts: np.ndarray[Any, np.dtype[np.int64]]) -> None:
+    """Add each byte plane's 256-bin histogram of ``words`` into ``counts`` (int64,
+    ``256 * itemsize`` bins, plane after plane)."""
+    assert counts.dtype == np.int64 and len(counts) == 256 * words.dtype.itemsize
+    _lib().wd_plane_counts(ptr(words), len(words), words.dtype.itemsize, ptr(counts))
+
+
+def split(rest: np.ndarray[Any, Any], word: int) -> tuple[Positions, np.ndarray[Any, Any]]:
+    """(indices of the words of ``rest`` that are not ``word``, those words), in one pass."""
+    keep = np.empty(len(rest), dtype=np.int64)
+    kept = np.empty(len(rest), dtype=rest.dtype)
+    n = _lib().wd_split(ptr(rest), len(rest), rest.dtype.itemsize, word, ptr(keep), ptr(kept))
+    return keep[:n], kept[:n]
