@@ -1,0 +1,82 @@
+"""One vLLM worker (one TP rank) driving the ``wdelta`` backend through vLLM's own
+plugin loading and engine factory; run by test_integrations_vllm.py.
+
+argv: chain, tampered chain, wrong-base chain, cache, model folder, tp, rank,
+rendezvous file, versions (the honest chain's head).  Exits 0 when every check
+passed; an assertion says which failed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import vllmkit
+from wdelta import chain
+from wdelta.errors import WdeltaError
+
+
+def engine_for(config: Any, model: Any, folder: str, cache: str, version: int) -> Any:
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    engine = WeightTransferEngineFactory.create_engine(
+        WeightTransferConfig(backend="wdelta"), config, model.lm_head.weight.device, model
+    )
+    info = {"chain": folder, "cache": cache, "trust": None, "version": version}
+    engine.init_transfer_engine(engine.parse_init_info(info))
+    return engine
+
+
+def update(engine: Any, version: int) -> None:
+    """The calls vLLM's worker makes for one update (start, update, finish)."""
+    engine.prefetch(version)
+    engine.start_weight_update()
+    engine.update_weights({"version": version})
+    engine.finish_weight_update()
+
+
+def full_load(model: Any, folder: str, cache: str, version: int) -> dict[str, bytes]:
+    """Parameters after loading version ``version``'s whole checkpoint into ``model``."""
+    weights, _ = chain.load(chain.Chain(folder, cache=cache), to=version, device="cpu")
+    model.load_weights(iter(sorted(weights.items())))
+    return vllmkit.params_bits(model)
+
+
+def main(argv: list[str]) -> None:
+    good, tampered, wrong_base, cache, folder = argv[:5]
+    tp, rank, rendezvous, head = int(argv[5]), int(argv[6]), Path(argv[7]), int(argv[8])
+    config = vllmkit.init_vllm(Path(folder), tp, rank, rendezvous)
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # the entry point registers "wdelta"; nothing else does
+    served, reference = vllmkit.build_model(config), vllmkit.build_model(config)
+    full_load(served, good, cache, 0)
+    engine = engine_for(config, served, good, cache, 0)
+    for v in range(1, head + 1):
+        update(engine, v)
+        assert vllmkit.params_bits(served) == full_load(reference, good, cache, v), v
+        assert engine.last_bytes > 0, v
+    update(engine, 2)  # below the current version: reverse links
+    assert vllmkit.params_bits(served) == full_load(reference, good, cache, 2)
+    update(engine, head)  # several versions at once
+    expected = full_load(reference, good, cache, head)
+    for bad in (tampered, wrong_base):
+        refused = engine_for(config, served, bad, cache + "-bad", head)
+        try:
+            update(refused, head + 1)
+        except WdeltaError as exc:  # the error names the link's object that failed
+            assert "deltas/" in str(exc), exc
+        else:
+            raise AssertionError(f"{bad}: a bad version was accepted")
+        assert vllmkit.params_bits(served) == expected, "a refused update wrote the model"
+    restarted = vllmkit.build_model(config)  # a worker restarted from the base checkpoint
+    full_load(restarted, good, cache, 0)
+    update(engine_for(config, restarted, good, cache, 0), head)
+    assert vllmkit.params_bits(restarted) == expected
+    print(f"rank {rank}: ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
