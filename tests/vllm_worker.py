@@ -17,14 +17,17 @@ from wdelta import chain
 from wdelta.errors import WdeltaError
 
 
-def engine_for(config: Any, model: Any, folder: str, cache: str, version: int) -> Any:
+def engine_for(
+    config: Any, model: Any, folder: str, cache: str, version: int, prefetch: float | None = None
+) -> Any:
     from vllm.config.weight_transfer import WeightTransferConfig
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     engine = WeightTransferEngineFactory.create_engine(
         WeightTransferConfig(backend="wdelta"), config, model.lm_head.weight.device, model
     )
-    info = {"chain": folder, "cache": cache, "trust": None, "version": version}
+    info = {"chain": folder, "cache": cache, "trust": None, "version": version,
+            "prefetch": prefetch}  # fmt: skip
     engine.init_transfer_engine(engine.parse_init_info(info))
     return engine
 
@@ -53,7 +56,8 @@ def main(argv: list[str]) -> None:
     load_general_plugins()  # the entry point registers "wdelta"; nothing else does
     served, reference = vllmkit.build_model(config), vllmkit.build_model(config)
     full_load(served, good, cache, 0)
-    engine = engine_for(config, served, good, cache, 0)
+    # its background prefetch runs beside the updates (each rank's, on one cache)
+    engine = engine_for(config, served, good, cache, 0, prefetch=0.05)
     for v in range(1, head + 1):
         update(engine, v)
         assert vllmkit.params_bits(served) == full_load(reference, good, cache, v), v
@@ -71,6 +75,8 @@ def main(argv: list[str]) -> None:
         else:
             raise AssertionError(f"{bad}: a bad version was accepted")
         assert vllmkit.params_bits(served) == expected, "a refused update wrote the model"
+        refused.shutdown()
+    engine.shutdown()
     restarted = vllmkit.build_model(config)  # a worker restarted from the base checkpoint
     full_load(restarted, good, cache, 0)
     update(engine_for(config, restarted, good, cache, 0), head)

@@ -10,15 +10,19 @@ the whole move has been verified, so a refused version leaves it untouched.
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..arguments import check_int
+from ..arguments import check_int, check_seconds
 from ..chain.live import load
 from ..chain.move import Moved, move_weights, prefetch
 from ..chain.store import Chain
-from ..errors import BadArgumentError
+from ..errors import BadArgumentError, WdeltaError
+
+log = logging.getLogger("wdelta.integrations")
 
 
 @dataclass
@@ -31,6 +35,7 @@ class InitInfo:
     cache: str
     trust: str | None = None
     version: int = 0
+    prefetch: float | None = 2.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.chain, str) or not self.chain:
@@ -40,6 +45,7 @@ class InitInfo:
         if self.trust is not None and not isinstance(self.trust, str):
             raise BadArgumentError("init info: 'trust' must be a file path or null")
         self.version = check_int(self.version, "init info 'version'", 0)
+        self.prefetch = check_seconds(self.prefetch, "init info 'prefetch'")
 
 
 @dataclass
@@ -56,8 +62,11 @@ class NodeWeights:
     """The checkpoint at ``info.version``, in host memory, in checkpoint names.
 
     ``prepare(n)`` downloads what moving to ``n`` needs into the shared cache
-    (one download per object for all the node's processes); ``move(n)``
-    applies it from the cache and returns the changed ``(name, tensor)`` pairs
+    (one download per object for all the node's processes: the cache's lock
+    makes the others wait and find it stored), and with ``info.prefetch`` a
+    background thread does so towards the chain's head as versions appear,
+    so that ``move(n)`` normally reads nothing but the cache.  ``move(n)``
+    applies it and returns the changed ``(name, tensor)`` pairs
     for the model's ``load_weights``.  A version whose tensors the engine
     cannot hold (a new name, another shape or dtype) is refused and the host
     copy moved back, so host copy and engine stay at the same version.
@@ -68,10 +77,33 @@ class NodeWeights:
         self.weights, at = load(self.chain, to=info.version, device="cpu")
         self.version = at.number
         self._layout = {n: (tuple(t.shape), t.dtype) for n, t in self.weights.items()}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if info.prefetch is not None:
+            self._thread = threading.Thread(
+                target=self._prefetch_loop, args=(info.prefetch,), daemon=True,
+                name="wdelta-prefetch",
+            )  # fmt: skip
+            self._thread.start()
+
+    def _prefetch_loop(self, interval: float) -> None:
+        """Download towards the head until ``close``; a failure is logged and retried
+        (the update that needs the files reports it, or downloads them itself)."""
+        while not self._stop.wait(interval):
+            try:
+                self.prepare(-1)
+            except WdeltaError as exc:
+                log.warning("wdelta prefetch: %s", exc)
+
+    def close(self) -> None:
+        """Stop the background prefetch (if any) and wait for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def prepare(self, to: int) -> int:
-        """Download ahead what ``move(to)`` needs; the bytes downloaded."""
-        return prefetch(self.chain, at=self.version, to=to)
+        """Download ahead what ``move(to)`` needs (-1: the head); the bytes downloaded."""
+        return prefetch(self.chain, at=self.version, to="head" if to == -1 else to)
 
     def move(self, to: int) -> list[tuple[str, Any]]:
         """Move the host copy to version ``to``; the changed tensors, by checkpoint name

@@ -57,6 +57,7 @@ class WdeltaEngine(WeightTransferEngine):  # type: ignore[misc]
         return UpdateInfo(**_fields(update_dict, UpdateInfo.__dataclass_fields__))
 
     def init_transfer_engine(self, init_info: InitInfo) -> None:
+        self.shutdown()
         self.node = NodeWeights(init_info)
 
     def start_weight_update(self) -> None:
@@ -76,6 +77,8 @@ class WdeltaEngine(WeightTransferEngine):  # type: ignore[misc]
         self.model.load_weights(iter(changed))
 
     def shutdown(self) -> None:
+        if self.node is not None:
+            self.node.close()
         self.node = None
 
     def _node(self) -> NodeWeights:
