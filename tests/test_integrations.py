@@ -80,7 +80,8 @@ def test_background_prefetch_downloads_new_versions_ahead(tmp_path: Path) -> Non
 
 
 class Recorder:
-    """A vLLM weight-sync client that records its calls and forwards updates to a node."""
+    """A vLLM weight-sync client that records its calls and forwards updates to a node
+    (its background prefetch off: the tests' moves download what they need)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
@@ -88,7 +89,7 @@ class Recorder:
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self.calls.append(("init", init_info))
-        self.node = NodeWeights(InitInfo(**init_info))
+        self.node = NodeWeights(InitInfo(**init_info, prefetch=None))
 
     def start_weight_update(self) -> None:
         self.calls.append(("start", None))
@@ -107,7 +108,6 @@ def test_sync_publishes_then_drives_the_client_to_that_version(tmp_path: Path) -
     client = Recorder()
     client.init_weight_transfer_engine(
         wvllm.init_info(str(tmp_path / "c"), str(tmp_path / "cache"), version=0)
-        | {"prefetch": None}
     )
     version = wvllm.sync(publisher, client, weights(5), step=5)
     assert version.number == 1 and version.step == 5
