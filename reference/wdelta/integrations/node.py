@@ -74,6 +74,7 @@ class NodeWeights:
 
     def __init__(self, info: InitInfo) -> None:
         self.chain = Chain(info.chain, cache=Path(info.cache), trust=info.trust)
+        self.location = (info.chain, info.cache)
         self.weights, at = load(self.chain, to=info.version, device="cpu")
         self.version = at.number
         self._layout = {n: (tuple(t.shape), t.dtype) for n, t in self.weights.items()}
