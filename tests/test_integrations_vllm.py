@@ -13,6 +13,7 @@ with the model untouched.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-import vllmkit
 from wdelta import chain
+from wdelta.testing import vllm_cpu as vllmkit
 
 HEAD = 5  # the versions the workers follow; HEAD + 1 is the one made bad
 HERE = Path(__file__).parent
@@ -76,3 +77,21 @@ def test_vllm_backend_tp1(tmp_path: Path) -> None:
 
 def test_vllm_backend_tp2(tmp_path: Path) -> None:
     run_workers(tmp_path, 2)
+
+
+def test_engines_bench_smoke(tmp_path: Path) -> None:
+    """bench/engines.py on the tiny model: both paths timed, bytes counted, checked."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "bench.json"
+    tiny = ["--hidden", "64", "--heads", "4", "--kv-heads", "2", "--inter", "128",
+            "--vocab", "256", "--layers", "2", "--steps", "1"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(HERE.parent / "bench" / "engines.py"), *tiny, "--json", str(out),
+         "--dir", str(tmp_path / "data")],
+        env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"), capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "update / full" in done.stdout and "Extrapolated, not measured" in done.stdout
+    (row,) = json.loads(out.read_text())["steps"]
+    assert 0 < row["link_bytes"] < row["full_device_bytes"]
+    assert 0 < row["update_device_bytes"] <= row["full_device_bytes"]

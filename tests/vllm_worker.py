@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import vllmkit
 from wdelta import chain
 from wdelta.errors import WdeltaError
+from wdelta.testing import vllm_cpu as vllmkit
 
 
 def engine_for(

@@ -1,4 +1,4 @@
-"""A tiny real vLLM model on the CPU, and a chain of its checkpoints.
+"""A real vLLM model class on the CPU, and RL-like steps of its checkpoint (tests, bench).
 
 vLLM's wheel is a CUDA build, but its model classes run on the CPU with
 ``VLLM_TARGET_DEVICE=cpu``, ``torch.accelerator.empty_cache``/``synchronize``
@@ -12,45 +12,64 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-HIDDEN, HEADS, KV_HEADS, INTER, VOCAB, LAYERS = 64, 4, 2, 128, 256, 2
-HEAD_DIM = HIDDEN // HEADS
-CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": HIDDEN,
-    "intermediate_size": INTER, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
-    "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB, "max_position_embeddings": 128,
-    "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
-    "rope_theta": 10000.0,
-}  # fmt: skip
+
+@dataclass(frozen=True)
+class Size:
+    """A Qwen2 model's dimensions (the default: a tiny one, 0.1 M parameters)."""
+
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    inter: int = 128
+    vocab: int = 256
+    layers: int = 2
+
+    def config(self) -> dict[str, Any]:
+        """The model's config.json."""
+        return {
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+            "hidden_size": self.hidden, "intermediate_size": self.inter,
+            "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads, "vocab_size": self.vocab,
+            "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16",
+            "tie_word_embeddings": False, "rope_theta": 10000.0,
+        }  # fmt: skip
 
 
-def shapes() -> dict[str, tuple[int, ...]]:
-    """The Hugging Face checkpoint names and shapes of the tiny Qwen2 model."""
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB, HIDDEN)}
-    kv = KV_HEADS * HEAD_DIM
-    for i in range(LAYERS):
+TINY = Size()
+
+
+def shapes(size: Size = TINY) -> dict[str, tuple[int, ...]]:
+    """The Hugging Face checkpoint names and shapes of the Qwen2 model."""
+    hidden, inter, vocab = size.hidden, size.inter, size.vocab
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    kv = size.kv_heads * (hidden // size.heads)
+    for i in range(size.layers):
         p = f"model.layers.{i}."
-        for name, rows in (("q_proj", HIDDEN), ("k_proj", kv), ("v_proj", kv)):
-            out[f"{p}self_attn.{name}.weight"] = (rows, HIDDEN)
+        for name, rows in (("q_proj", hidden), ("k_proj", kv), ("v_proj", kv)):
+            out[f"{p}self_attn.{name}.weight"] = (rows, hidden)
             out[f"{p}self_attn.{name}.bias"] = (rows,)
-        out[f"{p}self_attn.o_proj.weight"] = (HIDDEN, HIDDEN)
-        out[f"{p}mlp.gate_proj.weight"] = (INTER, HIDDEN)
-        out[f"{p}mlp.up_proj.weight"] = (INTER, HIDDEN)
-        out[f"{p}mlp.down_proj.weight"] = (HIDDEN, INTER)
-        out[f"{p}input_layernorm.weight"] = (HIDDEN,)
-        out[f"{p}post_attention_layernorm.weight"] = (HIDDEN,)
-    out["model.norm.weight"] = (HIDDEN,)
-    out["lm_head.weight"] = (VOCAB, HIDDEN)
+        out[f"{p}self_attn.o_proj.weight"] = (hidden, hidden)
+        out[f"{p}mlp.gate_proj.weight"] = (inter, hidden)
+        out[f"{p}mlp.up_proj.weight"] = (inter, hidden)
+        out[f"{p}mlp.down_proj.weight"] = (hidden, inter)
+        out[f"{p}input_layernorm.weight"] = (hidden,)
+        out[f"{p}post_attention_layernorm.weight"] = (hidden,)
+    out["model.norm.weight"] = (hidden,)
+    out["lm_head.weight"] = (vocab, hidden)
     return out
 
 
-def first_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+def first_weights(seed: int = 0, size: Size = TINY) -> dict[str, torch.Tensor]:
+    """Random bf16 weights of the model, by checkpoint name."""
     g = torch.Generator().manual_seed(seed)
-    return {n: torch.randn(s, generator=g).to(torch.bfloat16) for n, s in shapes().items()}
+    return {n: torch.randn(s, generator=g).to(torch.bfloat16) for n, s in shapes(size).items()}
 
 
 def rl_step(weights: dict[str, torch.Tensor], seed: int, density: float = 0.02) -> None:
@@ -62,14 +81,18 @@ def rl_step(weights: dict[str, torch.Tensor], seed: int, density: float = 0.02) 
         flat[hit] = torch.randn(int(hit.sum()), generator=g).to(torch.bfloat16)
 
 
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    """What an accelerator's cache and stream calls do without one."""
+
+
 def setup_cpu() -> None:
     """What vLLM needs to build a model without an accelerator."""
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
-    torch.accelerator.empty_cache = lambda: None  # type: ignore[assignment]
-    torch.accelerator.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    torch.accelerator.empty_cache = _nothing
+    torch.accelerator.synchronize = _nothing
 
 
-def init_vllm(folder: Path, tp: int, rank: int, rendezvous: Path) -> Any:
+def init_vllm(folder: Path, tp: int, rank: int, rendezvous: Path, size: Size = TINY) -> Any:
     """A VllmConfig for the tiny model at tensor parallelism ``tp``, the group joined."""
     setup_cpu()
     from vllm.config import (
@@ -84,7 +107,7 @@ def init_vllm(folder: Path, tp: int, rank: int, rendezvous: Path) -> Any:
         initialize_model_parallel,
     )
 
-    (folder / "config.json").write_text(json.dumps(CONFIG))
+    (folder / "config.json").write_text(json.dumps(size.config()))
     model = ModelConfig(model=str(folder), tokenizer=str(folder), skip_tokenizer_init=True,
                         dtype="bfloat16", enforce_eager=True)  # fmt: skip
     config = VllmConfig(model_config=model, device_config=DeviceConfig(device="cpu"),
