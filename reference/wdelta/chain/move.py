@@ -7,7 +7,7 @@ hand the model only the tensors that changed.  ``prefetch`` downloads what a
 move needs into the cache (verified); ``move_weights`` applies it.
 
 Which way a move goes.  Forward over links, backward over reversible links
-(every link ``Publisher`` and ``append`` write is reversible), skipping any
+(``Publisher`` and ``append`` write reversible links), skipping any
 number of versions: the cheapest path in bytes over links only.  When no
 links join the two versions (a version pruned, or a backward move over a
 link that is not reversible) the target is loaded from its snapshot into
@@ -244,7 +244,8 @@ def move_weights(
     if hops is None:
         if not jump:
             raise ChainBrokenError(
-                f"no links lead from version {at} to version {goal.number} (jump=False)"
+                f"no links lead from version {at} to version {goal.number}, and no jump "
+                "through a snapshot was allowed"
             )
         changed = _jump(c, m, goal, weights, start, tensors, threads, count)
     else:

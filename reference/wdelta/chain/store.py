@@ -14,6 +14,9 @@ continued with ranged reads; objects of at least ``storage.transfer.threshold``
 bytes with concurrent ranged reads, ``transfer.download_ranges``), are
 checked against the manifest's digest and only then moved to
 ``<cache>/objects/<digest>``: a cached file is verified when it is stored.
+A download holds its object's lock (``cachelock``), so processes and hosts
+sharing the cache folder download each object once and never write one
+partial file together.
 It can still be damaged later (a disk, or anyone who can write the cache): a
 use that fails on it checks its digest again, and a bad file is removed
 (``evict_if_corrupt``) so that it is downloaded once more.
