@@ -17,7 +17,10 @@ tensor's elements changed, as an RL step):
 - full:    ``model.load_weights`` of every tensor of the new checkpoint, already
   in host memory (what a full sync costs the engine once the bytes arrived);
 - bytes:   the link's size (what crosses the network), the bytes handed to
-  ``load_weights`` by the update (host to device) and by the full load.
+  ``load_weights`` by the update (host to device: whole changed tensors) and by
+  the full load, and what element patches would move instead (a 4-byte index
+  and the new value per changed element; counted, not applied: vLLM's
+  ``load_weights`` takes whole tensors).
 
 The engine's parameters are compared bit for bit with the host checkpoint after
 each step.  The paper model at the end is extrapolated from the measured byte
@@ -32,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from wdelta import chain
 from wdelta.testing import vllm_cpu
@@ -60,6 +65,16 @@ def engine_for(config: Any, model: Any, folder: Path) -> Any:
     info = {"chain": str(folder / "chain"), "cache": str(folder / "cache"), "prefetch": None}
     engine.init_transfer_engine(engine.parse_init_info(info))
     return engine
+
+
+def patch_bytes(before: dict[str, Any], after: dict[str, Any]) -> int:
+    """Bytes of element patches from ``before`` to ``after``: index (4) + value per change."""
+    total = 0
+    for name, new in after.items():
+        old = before[name]
+        changed = int((old.view(-1).view(torch.int16) != new.view(-1).view(torch.int16)).sum())
+        total += changed * (4 + new.element_size())
+    return total
 
 
 def step(publisher: Any, engine: Any, model: Any, weights: dict[str, Any]) -> dict[str, Any]:
@@ -97,8 +112,10 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     engine = engine_for(config, model, folder)
     rows = []
     for i in range(1, args.steps + 1):
+        before = {k: v.clone() for k, v in weights.items()}
         vllm_cpu.rl_step(weights, i, args.density)
         rows.append(step(publisher, engine, model, weights))
+        rows[-1]["patch_device_bytes"] = patch_bytes(before, weights)
     params = sum(t.numel() for t in weights.values())
     return {"parameters": params, "density": args.density, "steps": rows}
 
@@ -108,13 +125,14 @@ def report(result: dict[str, Any]) -> None:
     print(f"# vLLM step sync, {result['parameters'] / 1e6:.1f} M parameters bf16, "
           f"{result['density']:.1%} of elements changed per step (CPU, TP=1)\n")  # fmt: skip
     print("| step | publish s | update s | full load_weights s | update / full | "
-          "link MB | device MB update | device MB full |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "link MB | device MB update | device MB full | device MB as patches |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows, 1):
-        mb = [r[k] / 1e6 for k in ("link_bytes", "update_device_bytes", "full_device_bytes")]
+        keys = ("link_bytes", "update_device_bytes", "full_device_bytes", "patch_device_bytes")
+        mb = [r[k] / 1e6 for k in keys]
         ratio = r["update_s"] / r["full_load_s"]
         print(f"| {i} | {r['publish_s']:.3f} | {r['update_s']:.3f} | {r['full_load_s']:.3f} | "
-              f"{ratio:.3g} | {mb[0]:.2f} | {mb[1]:.1f} | {mb[2]:.1f} |")  # fmt: skip
+              f"{ratio:.3g} | {mb[0]:.2f} | {mb[1]:.1f} | {mb[2]:.1f} | {mb[3]:.1f} |")  # fmt: skip
     ratio = min(r["link_bytes"] / r["full_device_bytes"] for r in rows)
     print(f"\nNetwork bytes per step: {ratio:.2%} of the checkpoint (measured).  Extrapolated, "
           "not measured: a 72B bf16 model (144 GB) would move about "

@@ -95,3 +95,4 @@ def test_engines_bench_smoke(tmp_path: Path) -> None:
     (row,) = json.loads(out.read_text())["steps"]
     assert 0 < row["link_bytes"] < row["full_device_bytes"]
     assert 0 < row["update_device_bytes"] <= row["full_device_bytes"]
+    assert 0 < row["patch_device_bytes"] < row["update_device_bytes"]
