@@ -8,7 +8,9 @@ the ``vllm.general_plugins`` entry point and ``WeightTransferEngineFactory``.
 After every update the served model's parameters must equal, bit for bit,
 those of a model that loaded the version's whole checkpoint with
 ``load_weights``; a tampered link and a link of another base must be refused
-with the model untouched.
+with the model untouched.  At TP=1 the worker also takes an update through
+vLLM's RL routes (its own router under a test client) and its HTTP weight-sync
+client.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any
 
 from wdelta import chain
 from wdelta.errors import WdeltaError
+from wdelta.integrations import vllm as wvllm
 from wdelta.testing import vllm_cpu as vllmkit
 
 
@@ -45,6 +46,37 @@ def full_load(model: Any, folder: str, cache: str, version: int) -> dict[str, by
     weights, _ = chain.load(chain.Chain(folder, cache=cache), to=version, device="cpu")
     model.load_weights(iter(sorted(weights.items())))
     return vllmkit.params_bits(model)
+
+
+def over_http(engine: Any, init: dict[str, Any], version: int) -> None:
+    """vLLM's RL routes (its own router, under a test client) and its HTTP weight-sync
+    client drive ``engine`` as the worker would: init, then ``update_to(version)``."""
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+    from vllm.entrypoints.rl.online.api_router import router
+
+    class EngineClient:  # one worker behind vLLM's engine client (collective_rpc)
+        async def init_weight_transfer_engine(self, request: Any) -> None:
+            engine.init_transfer_engine(engine.parse_init_info(request.init_info))
+
+        async def start_weight_update(self) -> None:
+            engine.start_weight_update()
+
+        async def update_weights(self, request: Any) -> None:
+            engine.update_weights(request.update_info)
+
+        async def finish_weight_update(self, weight_version: str | None) -> None:
+            engine.finish_weight_update()
+
+    app = FastAPI()
+    app.include_router(router)
+    app.state.engine_client = EngineClient()
+    web = TestClient(app)
+    client = HTTPVLLMWeightSyncClient("http://testserver")
+    client._post = lambda path, json=None: web.post(f"/{path}", json=json).raise_for_status()
+    client.init_weight_transfer_engine(init)
+    wvllm.update_to(client, version)
 
 
 def main(argv: list[str]) -> None:
@@ -81,6 +113,10 @@ def main(argv: list[str]) -> None:
     full_load(restarted, good, cache, 0)
     update(engine_for(config, restarted, good, cache, 0), head)
     assert vllmkit.params_bits(restarted) == expected
+    if tp == 1:
+        init = {"chain": good, "cache": cache, "trust": None, "version": head, "prefetch": None}
+        over_http(engine, init, head + 1)
+        assert vllmkit.params_bits(served) == full_load(reference, good, cache, head + 1)
     print(f"rank {rank}: ok")
 
 
