@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from signkit import root_file, signed_chain  # noqa: E402
 from wdelta import chain  # noqa: E402
 from wdelta.errors import BadArgumentError, WdeltaError  # noqa: E402
 from wdelta.integrations import InitInfo, NodeWeights  # noqa: E402
@@ -140,3 +141,19 @@ def test_register_is_idempotent() -> None:
     wvllm.register()  # vLLM may load its plugins more than once
     engine = WeightTransferEngineFactory._registry[wvllm.BACKEND]()
     assert engine.__name__ == "WdeltaEngine"
+
+
+def test_a_signed_chain_is_checked_against_the_nodes_trust_root(tmp_path: Path) -> None:
+    s = signed_chain(tmp_path)  # versions 0 and 1, signed by "alice"
+    trusted = InitInfo(str(s.store), str(tmp_path / "cache"), trust=str(s.root), version=0,
+                       prefetch=None)  # fmt: skip
+    node = NodeWeights(trusted)
+    assert [n for n, _ in node.move(1)] and node.version == 1
+    s.publish(signers=["alice"])
+    root_file(tmp_path / "bob.json", "test/run", ["bob"])  # a root that does not trust alice
+    distrust = InitInfo(str(s.store), str(tmp_path / "cache2"), trust=str(tmp_path / "bob.json"),
+                        version=0, prefetch=None)  # fmt: skip
+    with pytest.raises(WdeltaError) as refused:
+        NodeWeights(distrust)
+    assert refused.value.category == "signature-invalid"
+    assert node.move(2) and node.version == 2
