@@ -74,6 +74,8 @@ class NodeWeights:
 
     def __init__(self, info: InitInfo) -> None:
         self.chain = Chain(info.chain, cache=Path(info.cache), trust=info.trust)
+        # downloads ahead run beside a move, in another thread: a Chain object of their own
+        self._ahead = Chain(info.chain, cache=Path(info.cache), trust=info.trust)
         self.location = (info.chain, info.cache)
         self.weights, at = load(self.chain, to=info.version, device="cpu")
         self.version = at.number
@@ -104,7 +106,7 @@ class NodeWeights:
 
     def prepare(self, to: int) -> int:
         """Download ahead what ``move(to)`` needs (-1: the head); the bytes downloaded."""
-        return prefetch(self.chain, at=self.version, to="head" if to == -1 else to)
+        return prefetch(self._ahead, at=self.version, to="head" if to == -1 else to)
 
     def move(self, to: int) -> list[tuple[str, Any]]:
         """Move the host copy to version ``to``; the changed tensors, by checkpoint name
