@@ -157,3 +157,18 @@ def test_a_signed_chain_is_checked_against_the_nodes_trust_root(tmp_path: Path) 
         NodeWeights(distrust)
     assert refused.value.category == "signature-invalid"
     assert node.move(2) and node.version == 2
+
+
+def test_the_backend_refuses_bad_info_with_wdelta_errors() -> None:
+    pytest.importorskip("vllm")
+    from wdelta.integrations.vllm_engine import WdeltaEngine
+
+    engine = object.__new__(WdeltaEngine)  # parsing needs no model
+    assert engine.parse_update_info({"version": 3}).version == 3
+    assert engine.parse_init_info({"chain": "c", "cache": "k"}).version == 0
+    for bad in ({"cache": "k"}, {"chain": "c", "cache": "k", "verison": 1}, ["c"]):
+        with pytest.raises(BadArgumentError):
+            engine.parse_init_info(bad)
+    for bad_update in ({}, {"version": "next"}, {"version": 1, "at": 0}):
+        with pytest.raises(BadArgumentError):
+            engine.parse_update_info(bad_update)

@@ -23,6 +23,7 @@ the reverse links (every link a ``Publisher`` writes is reversible).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -51,10 +52,10 @@ class WdeltaEngine(WeightTransferEngine):  # type: ignore[misc]
         self.last_bytes = 0  # bytes handed to load_weights by the last update
 
     def parse_init_info(self, init_dict: dict[str, Any]) -> InitInfo:
-        return InitInfo(**_fields(init_dict, InitInfo.__dataclass_fields__))
+        return InitInfo(**_fields(init_dict, InitInfo))
 
     def parse_update_info(self, update_dict: dict[str, Any]) -> UpdateInfo:
-        return UpdateInfo(**_fields(update_dict, UpdateInfo.__dataclass_fields__))
+        return UpdateInfo(**_fields(update_dict, UpdateInfo))
 
     def init_transfer_engine(self, init_info: InitInfo) -> None:
         self.shutdown()
@@ -87,11 +88,17 @@ class WdeltaEngine(WeightTransferEngine):  # type: ignore[misc]
         return self.node
 
 
-def _fields(given: dict[str, Any], known: dict[str, Any]) -> dict[str, Any]:
-    """``given`` if it is a mapping of known keys only; a bad-argument error otherwise."""
+def _fields(given: dict[str, Any], cls: type) -> dict[str, Any]:
+    """``given`` if it is an object with ``cls``'s keys (the required ones at least); a
+    bad-argument error otherwise."""
     if not isinstance(given, dict):
         raise BadArgumentError(f"weight-transfer info must be a JSON object, not {given!r}")
-    unknown = sorted(set(given) - set(known))
+    fields = dataclasses.fields(cls)
+    unknown = sorted(set(given) - {f.name for f in fields})
     if unknown:
         raise BadArgumentError(f"weight-transfer info: unknown key {unknown[0]!r}")
+    for f in fields:
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and f.name not in given:
+            raise BadArgumentError(f"weight-transfer info: missing key {f.name!r}")
     return given
