@@ -1,7 +1,7 @@
 """The ``wdelta`` vLLM weight-transfer backend on a real vLLM model class, on the CPU.
 
 Needs vLLM (``pip install --no-deps vllm`` and its pure-Python dependencies,
-see scripts/test-engines); skipped without it.  Each worker is a process of
+see scripts/engines-requirements.txt); skipped without it.  Each worker is a process of
 its own (vLLM's process group is global), built as vLLM builds one:
 ``initialize_model`` of a tiny Qwen2ForCausalLM, the backend found through
 the ``vllm.general_plugins`` entry point and ``WeightTransferEngineFactory``.
