@@ -200,7 +200,8 @@ class TorchSlot(Slot):
         self.name, self.dtype, self.shape = name, dtype_of(tensor), tuple(tensor.shape)
         self._words = tensor.detach().view(_torch_word(self.dtype.size))
         self._flat = self._words.view(-1) if self._words.is_contiguous() else None
-        self._host_cpu = self._words.device.type == "cpu"
+        # DEVICE_PATH_ON_CPU: a CPU tensor is handled as if on a device, copies included.
+        self._host_cpu = self._words.device.type == "cpu" and not DEVICE_PATH_ON_CPU
         self._cached: Any = None
         self._served = 0  # elements read from ``_cached`` since it was filled
         self._lock = threading.Lock()
@@ -303,7 +304,8 @@ class TorchSlot(Slot):
         mine = self._chunk(start, count)
         index = torch.nonzero(mine != base._chunk(start, count)).flatten()
         values: Words = mine.index_select(0, index).cpu().numpy().view(self.dtype.word)
-        return index.cpu().numpy(), values
+        # Positions within a chunk fit 32 bits (MAX_CHUNK_ELEMENTS): half the bytes.
+        return index.to(torch.int32).cpu().numpy(), values
 
 
 # Tests and bench/device.py set this to run the device path on CPU tensors (no
