@@ -139,3 +139,19 @@ def test_sparse_apply_gathers_only_changes(
     assert same(live, on_device(target))
     assert sum(TRANSFERS) == changed + base["a"].numel()  # changes + the output's digest
     assert np.array_equal(host_words(live["a"]), words(target["a"]))
+
+
+def test_failed_apply_restores_scattered_chunks(tmp_path: Path, device_path: None) -> None:
+    """A wrong input found by the output digest, after sparse chunks were scattered on
+    the device: every word is put back."""
+    base = {"a": random_tensor(torch.bfloat16, (64, 64), 0)}
+    target = {"a": stepped(base["a"], 4, 0.01)}
+    delta = tmp_path / "d.wdelta"
+    wdelta.diff(base, target, delta, chunk_elements=512)
+    live = {"a": base["a"].clone()}
+    unchanged = int(np.flatnonzero(words(base["a"]) == words(target["a"]))[-1])
+    live["a"].view(-1).view(torch.int16)[unchanged] ^= 1
+    before = words(live["a"]).copy()
+    with pytest.raises(wdelta.BaseMismatchError):
+        wdelta.apply_inplace(live, delta)
+    assert np.array_equal(words(live["a"]), before)
