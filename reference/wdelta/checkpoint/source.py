@@ -60,6 +60,9 @@ class Tensor:
     _reader: Callable[[int, int], Words] | None = None
     # The file a ``_fd`` tensor lives in, to name it when a read fails.
     _path: Path | None = None
+    # A diff's target on a device: (positions relative to ``start``, words) where it
+    # differs from the base, found on the device (wdelta.ops.tensors.compare_on_device).
+    _changes: Callable[[int, int], tuple[np.ndarray[Any, Any], Words]] | None = None
 
     @property
     def elements(self) -> int:

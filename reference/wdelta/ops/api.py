@@ -137,6 +137,7 @@ def diff(
     )
     check_output(path, _paths(base=base, target=target), overwrite=bool(overwrite))
     with _checkpoint(base, "base") as b, _checkpoint(target, "target") as t:
+        tensors.compare_on_device(base, target, t)
         return diff_checkpoints(b, t, path, opts, progress, overwrite=bool(overwrite))
 
 

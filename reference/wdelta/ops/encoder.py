@@ -148,13 +148,25 @@ class _Buffers:
         return pair[which]
 
 
-def _read(task: _Task, which: int, seq: Sequencer, buffers: _Buffers) -> Words | None:
-    """Read one side's words of a chunk and feed them to its digest, in order."""
+def _read(
+    task: _Task, which: int, seq: Sequencer, buffers: _Buffers, base: Words | None = None
+) -> Words | None:
+    """Read one side's words of a chunk and feed them to its digest, in order.
+
+    A target that finds its changes itself (on its device) is the ``base`` words
+    with those changes written in: only the changes were transferred.
+    """
     tensor = task.item.base if which == 0 else task.item.target
     if tensor is None:
         return None
     # In-memory tensors are only read here (blobs are copies), so no copy is made.
-    words = tensor.peek(task.start, task.count)
+    words: Words | None
+    if tensor._changes is not None and base is not None:
+        index, values = tensor._changes(task.start, task.count)
+        words = base.copy()
+        words[index] = values
+    else:
+        words = tensor.peek(task.start, task.count)
     if words is None:
         words = tensor.read(task.start, task.count, buffers.get(which))
     if which == 0 and task.item.base_known:
@@ -176,7 +188,8 @@ def _run(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -> _
 
 def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -> _Done:
     plan = task.item
-    base, target = _read(task, 0, seq, buffers), _read(task, 1, seq, buffers)
+    base = _read(task, 0, seq, buffers)
+    target = _read(task, 1, seq, buffers, base)
     encoded: chunk_codec.Encoded | None
     if plan.op == "modified":
         assert base is not None and target is not None

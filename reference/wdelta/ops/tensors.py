@@ -13,6 +13,7 @@ written element-wise through their strides (NumPy ``flat``, torch
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import sys
 import threading
@@ -199,7 +200,8 @@ class TorchSlot(Slot):
         self.name, self.dtype, self.shape = name, dtype_of(tensor), tuple(tensor.shape)
         self._words = tensor.detach().view(_torch_word(self.dtype.size))
         self._flat = self._words.view(-1) if self._words.is_contiguous() else None
-        self._host_cpu = self._words.device.type == "cpu"
+        # DEVICE_PATH_ON_CPU: a CPU tensor is handled as if on a device, copies included.
+        self._host_cpu = self._words.device.type == "cpu" and not DEVICE_PATH_ON_CPU
         self._cached: Any = None
         self._served = 0  # elements read from ``_cached`` since it was filled
         self._lock = threading.Lock()
@@ -255,6 +257,86 @@ class TorchSlot(Slot):
         with self._lock:
             self._cached, self._served = None, 0
 
+    # Sparse chunks of apply are gathered and scattered on the device, so that only
+    # the changed words cross to the host and back.
+    gathers = True
+
+    def _index(self, index: np.ndarray[Any, Any]) -> Any:
+        import torch
+
+        return to_device(torch.from_numpy(np.ascontiguousarray(index, np.int64)), self._words)
+
+    def gather(self, index: np.ndarray[Any, Any]) -> Words:
+        idx = self._index(index)
+        taken = self._flat.index_select(0, idx) if self._flat is not None else self._words.take(idx)
+        out: Words = taken.cpu().numpy().view(self.dtype.word)
+        return out
+
+    def scatter(self, index: np.ndarray[Any, Any], words: Words) -> None:
+        import torch
+
+        idx = self._index(index)
+        src = torch.from_numpy(np.ascontiguousarray(words).view(_numpy_signed(self.dtype.size)))
+        src = to_device(src, self._words)
+        if self._flat is not None:
+            self._flat.index_copy_(0, idx, src)
+        else:
+            self._words.put_(idx, src)
+
+    def _chunk(self, start: int, count: int) -> Any:
+        """Words ``[start, start + count)`` on the device (a view when contiguous)."""
+        if self._flat is not None:
+            return self._flat[start : start + count]
+        import torch
+
+        return self._words.take(torch.arange(start, start + count, device=self._words.device))
+
+    def changes(
+        self, base: TorchSlot, start: int, count: int
+    ) -> tuple[np.ndarray[Any, Any], Words]:
+        """Where chunk ``[start, start + count)`` differs from ``base``'s: positions
+        (relative to ``start``) and this tensor's words there.  Stored words are
+        compared as integers on the device (NaN payloads and -0.0 are words like
+        any other), and only the positions and words found are copied to the host;
+        device scratch is bounded by the chunk."""
+        import torch
+
+        mine = self._chunk(start, count)
+        index = torch.nonzero(mine != base._chunk(start, count)).flatten()
+        values: Words = mine.index_select(0, index).cpu().numpy().view(self.dtype.word)
+        # Positions within a chunk fit 32 bits (MAX_CHUNK_ELEMENTS): half the bytes.
+        return index.to(torch.int32).cpu().numpy(), values
+
+
+# Tests and bench/device.py set this to run the device path on CPU tensors (no
+# accelerator there); on CPU it is slower than reading host memory directly.
+DEVICE_PATH_ON_CPU = False
+
+
+def _on_device(value: Any) -> bool:
+    return is_torch(value) and (DEVICE_PATH_ON_CPU or value.device.type != "cpu")
+
+
+def compare_on_device(base: object, target: object, target_ckpt: Checkpoint) -> None:
+    """Let each tensor of ``target_ckpt`` that lives on the same device as its base
+    (two torch mappings) find its changed words there (``Tensor._changes``), so that
+    the encoder transfers only those and rebuilds the chunk from the base's words."""
+    if not (isinstance(base, Mapping) and isinstance(target, Mapping)):
+        return
+    for name, tensor in target_ckpt.tensors.items():
+        b: Any = base.get(name)
+        t: Any = target.get(name)
+        if not (_on_device(b) and _on_device(t)) or b.device != t.device:
+            continue
+        if (dtype_of(b), tuple(b.shape)) != (tensor.dtype, tensor.shape):
+            continue
+        tensor._changes = functools.partial(TorchSlot(name, t).changes, TorchSlot(name, b))
+
+
+def to_device(host: Any, like: Any) -> Any:
+    """Host tensor ``host`` copied to the device of ``like``."""
+    return host.to(like.device, non_blocking=True)
+
 
 def _numpy_signed(size: int) -> np.dtype[Any]:
     return np.dtype("u1") if size == 1 else np.dtype(f"<i{size}")
@@ -269,7 +351,7 @@ def slot(name: str, value: Any) -> Slot:
     a NumPy copy takes well under 1 ms.
     """
     if is_torch(value):
-        if value.device.type == "cpu":
+        if not _on_device(value):
             dtype = dtype_of(value)
             words = value.detach().view(_torch_word(dtype.size)).numpy()
             return NumpySlot(name, words.view(dtype.word), dtype)
