@@ -97,7 +97,7 @@ def rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from wdelta import chain
-    from wdelta.chain import distributed
+    from wdelta.chain.live import distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
     dist.init_process_group("gloo", rank=args.rank, world_size=args.world,

@@ -42,21 +42,21 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import wdelta.chain.acceptance
 import wdelta.chain.errors
-import wdelta.chain.fetch
-import wdelta.chain.manifest
-import wdelta.chain.ops
-import wdelta.chain.parts
-import wdelta.chain.signatures
-import wdelta.chain.trust
-import wdelta.chain.trusted_set
+import wdelta.chain.model.manifest
+import wdelta.chain.reading.fetch
+import wdelta.chain.reading.parts
+import wdelta.chain.trust.acceptance
+import wdelta.chain.trust.signatures
+import wdelta.chain.trust.trusted_set
+import wdelta.chain.trust.updater
+import wdelta.chain.writing.append
 import wdelta.errors
 import wdelta.format.schemas
 from wdelta import cli
 from wdelta.chain.errors import ManifestInvalidError, NotFoundError
-from wdelta.chain.fetch import fetch_link, materialize_snapshot
-from wdelta.chain.signing import canonical
+from wdelta.chain.reading.fetch import fetch_link, materialize_snapshot
+from wdelta.chain.trust.signing import canonical
 from wdelta.format.digest import checkpoint_digest
 from wdelta.ops import api
 
@@ -88,23 +88,23 @@ def revision_only(accepted: Any, revision: int, *rest: Any) -> None:
 
 
 def forget_trust() -> None:
-    load = wdelta.chain.acceptance.load
-    wdelta.chain.acceptance.load = lambda path: dataclasses.replace(load(path), trust=None)  # type: ignore[type-var]
+    load = wdelta.chain.trust.acceptance.load
+    wdelta.chain.trust.acceptance.load = lambda path: dataclasses.replace(load(path), trust=None)  # type: ignore[type-var]
 
 
 def no_reset() -> None:
-    rotated = wdelta.chain.acceptance.trust_rotated
-    wdelta.chain.acceptance.trust_rotated = lambda *a: rotated(*a) and False
+    rotated = wdelta.chain.trust.acceptance.trust_rotated
+    wdelta.chain.trust.acceptance.trust_rotated = lambda *a: rotated(*a) and False
 
 
 def reset_on_rotation() -> None:
-    rotated = wdelta.chain.acceptance.trust_rotated
+    rotated = wdelta.chain.trust.acceptance.trust_rotated
 
     def any_newer_root(record: Any, policy: Any, *rest: Any) -> bool:
         rotated(record, policy, *rest)  # its refusals (another chain, an older root)
         return bool(policy.root.version > record.root)
 
-    wdelta.chain.acceptance.trust_rotated = any_newer_root
+    wdelta.chain.trust.acceptance.trust_rotated = any_newer_root
 
 
 STATE_MODES = {"forget-trust": forget_trust, "no-reset": no_reset,
@@ -115,7 +115,7 @@ def part_headers_only(m: Any, link: Any, headers: Any) -> None:
     want = (m.version(link.source).digest, m.version(link.target).digest)
     for i, h in enumerate(headers):
         if h.part != (i, len(link.parts), *want):
-            raise wdelta.chain.parts.ChainBrokenError(f"part {i} is not the link's")
+            raise wdelta.chain.reading.parts.ChainBrokenError(f"part {i} is not the link's")
 
 
 class _Same(str):
@@ -132,7 +132,7 @@ class _Same(str):
 
 def _set_checks(headers: Any, want: tuple[str, str], reversible: bool) -> None:
     """MP-4 after the part members: reversible, disjoint, the union's digests."""
-    broken = wdelta.chain.parts.ChainBrokenError
+    broken = wdelta.chain.reading.parts.ChainBrokenError
     if all(h.reversible for h in headers) != reversible:
         raise broken("reversible flag disagrees with its parts")
     for side, digest in zip(("base", "target"), want, strict=True):
@@ -148,10 +148,10 @@ def _lax_parts(optional: bool, count: bool) -> Any:
             if h.part is None and optional:
                 continue
             if h.part is None:
-                raise wdelta.chain.parts.ChainBrokenError(f"part {i} has no part member")
+                raise wdelta.chain.reading.parts.ChainBrokenError(f"part {i} has no part member")
             got = h.part if count else (h.part[0], len(headers), *h.part[2:])
             if got != (i, len(headers), *want):
-                raise wdelta.chain.parts.ChainBrokenError(f"part {i} is not the link's")
+                raise wdelta.chain.reading.parts.ChainBrokenError(f"part {i} is not the link's")
         _set_checks(headers, want, link.reversible)
 
     return check
@@ -161,15 +161,15 @@ def _successor(identity: bool, own: bool) -> Any:
     def check(new: Any, old: Any, what: str) -> None:
         if identity and (new.version != old.version + 1 or new.chain != old.chain):
             raise wdelta.chain.errors.SignatureInvalidError(f"{what}: not the successor")
-        wdelta.chain.trusted_set.check_signed_by(new, old, what)
+        wdelta.chain.trust.trusted_set.check_signed_by(new, old, what)
         if own:
-            wdelta.chain.trusted_set.check_signed_by(new, new, what)
+            wdelta.chain.trust.trusted_set.check_signed_by(new, new, what)
 
     return check
 
 
 def count_entries(root: Any, by: Any, what: str) -> None:
-    keys = wdelta.chain.trusted_set.role_keys(by, by.root)
+    keys = wdelta.chain.trust.trusted_set.role_keys(by, by.root)
     payload = canonical(root.signed())
     valid = [k for k, sig in root.signatures if k in keys and keys[k].verify(sig, payload)]
     if len(valid) < by.root.threshold:
@@ -178,7 +178,7 @@ def count_entries(root: Any, by: Any, what: str) -> None:
 
 def no_threshold_check(s: Any, name: str, what: str) -> Any:
     raw = s["roles"][name]
-    return wdelta.chain.trusted_set.Role(tuple(raw["keyids"]), raw["threshold"])
+    return wdelta.chain.trust.trusted_set.Role(tuple(raw["keyids"]), raw["threshold"])
 
 
 def _rotated(chain: bool, release: Any) -> Any:
@@ -205,28 +205,28 @@ def _root_keys_release(signers: set[str], root: Any) -> bool:
 
 
 def state_revision_only() -> None:
-    check_state = wdelta.chain.acceptance.check_state
+    check_state = wdelta.chain.trust.acceptance.check_state
 
     def only_a(*args: Any) -> None:
-        exact = wdelta.chain.acceptance.check
-        wdelta.chain.acceptance.check = revision_only
+        exact = wdelta.chain.trust.acceptance.check
+        wdelta.chain.trust.acceptance.check = revision_only
         try:
             check_state(*args)
         finally:
-            wdelta.chain.acceptance.check = exact
+            wdelta.chain.trust.acceptance.check = exact
 
-    wdelta.chain.acceptance.check_state = only_a
+    wdelta.chain.trust.acceptance.check_state = only_a
 
 
 def state_no_schema() -> None:
     real = wdelta.format.schemas.violation
-    wdelta.chain.acceptance.schemas = SimpleNamespace(  # type: ignore[assignment]
+    wdelta.chain.trust.acceptance.schemas = SimpleNamespace(  # type: ignore[assignment]
         violation=lambda name, raw: None if name == "chain-acceptance" else real(name, raw)
     )
 
 
 def state_v1_trust() -> None:
-    parse = wdelta.chain.acceptance.parse
+    parse = wdelta.chain.trust.acceptance.parse
 
     def lax(data: bytes, path: Path) -> Any:
         raw = json.loads(data)
@@ -235,33 +235,36 @@ def state_v1_trust() -> None:
             data = json.dumps(raw).encode()
         return parse(data, path)
 
-    wdelta.chain.acceptance.parse = lax
+    wdelta.chain.trust.acceptance.parse = lax
 
 
 PATCHES: dict[str, Any] = {
-    "part-member-optional": lambda: setattr(wdelta.chain.parts, "check_parts",
+    "part-member-optional": lambda: setattr(wdelta.chain.reading.parts, "check_parts",
                                             _lax_parts(True, True)),
-    "no-part-count": lambda: setattr(wdelta.chain.parts, "check_parts", _lax_parts(False, False)),
-    "no-snapshot-digest": lambda: setattr(wdelta.chain.fetch, "digest_of_path",
+    "no-part-count": lambda: setattr(wdelta.chain.reading.parts, "check_parts",
+                                     _lax_parts(False, False)),
+    "no-snapshot-digest": lambda: setattr(wdelta.chain.reading.fetch, "digest_of_path",
                                           lambda path: _Same()),
     "no-digit-limit": lambda: sys.set_int_max_str_digits(0),
-    "trust-file-unsigned": lambda: setattr(wdelta.chain.trust, "check_signed_by",
+    "trust-file-unsigned": lambda: setattr(wdelta.chain.trust.updater, "check_signed_by",
                                            lambda *a: None),
-    "successor-not-self-signed": lambda: setattr(wdelta.chain.trusted_set, "check_successor",
+    "successor-not-self-signed": lambda: setattr(wdelta.chain.trust.trusted_set, "check_successor",
                                                  _successor(True, False)),
-    "no-successor-identity": lambda: setattr(wdelta.chain.trusted_set, "check_successor",
+    "no-successor-identity": lambda: setattr(wdelta.chain.trust.trusted_set, "check_successor",
                                              _successor(False, True)),
     "count-signature-entries": lambda: [setattr(module, "check_signed_by", count_entries)
-                                        for module in (wdelta.chain.trusted_set,
-                                                       wdelta.chain.trust)],
-    "no-key-id-check": lambda: setattr(wdelta.chain.trusted_set, "key_id", lambda raw: _Same()),
-    "no-threshold-check": lambda: setattr(wdelta.chain.trusted_set, "_role", no_threshold_check),
-    "state-other-chain": lambda: setattr(wdelta.chain.acceptance, "trust_rotated",
+                                        for module in (wdelta.chain.trust.trusted_set,
+                                                       wdelta.chain.trust.updater)],
+    "no-key-id-check": lambda: setattr(wdelta.chain.trust.trusted_set, "key_id",
+                                       lambda raw: _Same()),
+    "no-threshold-check": lambda: setattr(wdelta.chain.trust.trusted_set, "_role",
+                                          no_threshold_check),
+    "state-other-chain": lambda: setattr(wdelta.chain.trust.acceptance, "trust_rotated",
                                          _rotated(False, _threshold_release)),
     "release-when-no-signer": lambda: setattr(
-        wdelta.chain.acceptance, "trust_rotated",
+        wdelta.chain.trust.acceptance, "trust_rotated",
         _rotated(True, lambda signers, root: not signers & set(root.revisions.keyids))),
-    "release-counts-root-keys": lambda: setattr(wdelta.chain.acceptance, "trust_rotated",
+    "release-counts-root-keys": lambda: setattr(wdelta.chain.trust.acceptance, "trust_rotated",
                                                 _rotated(True, _root_keys_release)),
     "state-revision-only": state_revision_only,
     "state-no-schema": state_no_schema,
@@ -271,15 +274,15 @@ PATCHES: dict[str, Any] = {
 
 def main(mode: str, args: list[str]) -> int:
     if mode == "plain-json":
-        wdelta.chain.manifest._load_json = plain_json  # type: ignore[assignment]
+        wdelta.chain.model.manifest._load_json = plain_json  # type: ignore[assignment]
     if mode == "no-reachability":
-        wdelta.chain.manifest.unreachable_versions = lambda m: []  # type: ignore[assignment]
+        wdelta.chain.model.manifest.unreachable_versions = lambda m: []  # type: ignore[assignment]
     if mode == "skip-missing":
-        wdelta.chain.ops.check_files = skip_missing
+        wdelta.chain.writing.append.check_files = skip_missing
     if mode == "ignore-signatures":
-        wdelta.chain.signatures.check_signatures = lambda *args: []
+        wdelta.chain.trust.signatures.check_signatures = lambda *args: []
     if mode == "any-role":
-        wdelta.chain.trusted_set.role_keys = lambda root, role: root.keys
+        wdelta.chain.trust.trusted_set.role_keys = lambda root, role: root.keys
     if mode in STATE_MODES:
         STATE_MODES[mode]()
     if mode in PATCHES:
@@ -288,11 +291,11 @@ def main(mode: str, args: list[str]) -> int:
         at = args.index("--after")
         args = args[:at] + args[at + 2 :]
     if mode == "no-part-set":
-        wdelta.chain.parts.check_parts = lambda *args: None
+        wdelta.chain.reading.parts.check_parts = lambda *args: None
     if mode == "part-headers-only":
-        wdelta.chain.parts.check_parts = part_headers_only
+        wdelta.chain.reading.parts.check_parts = part_headers_only
     if mode == "revision-only":
-        wdelta.chain.acceptance.check = revision_only
+        wdelta.chain.trust.acceptance.check = revision_only
     return cli.run(["chain", "check", "-q", *args])
 
 

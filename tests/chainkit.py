@@ -21,7 +21,7 @@ import pytest
 
 import kit
 from wdelta import chain
-from wdelta.chain import collective
+from wdelta.chain.live import collective
 from wdelta.chain.storage.base import ObjectInfo, Progress, Storage
 from wdelta.errors import StorageError, WdeltaError
 

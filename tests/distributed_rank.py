@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import tinyllama
 
 from wdelta import chain
-from wdelta.chain import distributed, group_follow
+from wdelta.chain.live import distributed, group_follow
 from wdelta.chain.storage.s3 import S3Storage
 from wdelta.errors import StorageError, WdeltaError
 from wdelta.ops import tensors
@@ -132,7 +132,7 @@ def follower(rank: int, world: int, c: chain.Chain, out: Path, cfg: dict[str, An
 
 def _fail_once(version: int) -> None:
     """The first application of a link to ``version`` raises (after the others applied)."""
-    apply, failed = group_follow._apply_link, []
+    apply, failed = group_follow.apply_link, []
 
     def failing(chain_: Any, m: Any, link: Any, *args: Any) -> Any:
         if link.target == version and not args[1] and not failed:
@@ -140,7 +140,7 @@ def _fail_once(version: int) -> None:
             raise StorageError("injected download failure")
         return apply(chain_, m, link, *args)
 
-    group_follow._apply_link = failing  # type: ignore[assignment]
+    group_follow.apply_link = failing  # type: ignore[assignment]
 
 
 def main() -> int:

@@ -20,7 +20,7 @@ import numpy as np
 import wdelta
 from kit import RawTensor, leftovers, safetensors_bytes, write_sharded
 from wdelta.chain.errors import CHAIN_CATEGORIES
-from wdelta.chain.manifest import parse_manifest
+from wdelta.chain.model.manifest import parse_manifest
 from wdelta.checkpoint.source import open_checkpoint
 from wdelta.errors import CATEGORIES
 from wdelta.format.container import pack_prefix

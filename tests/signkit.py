@@ -9,8 +9,9 @@ from pathlib import Path
 
 from chainkit import Trainer
 from wdelta import chain
-from wdelta.chain import signing, trust
-from wdelta.chain.manifest import revision_key
+from wdelta.chain.model.manifest import revision_key
+from wdelta.chain.trust import signing
+from wdelta.chain.trust import updater as trust
 from wdelta.limits import MAX_MANIFEST_BYTES
 
 FAR = "2099-01-01T00:00:00Z"

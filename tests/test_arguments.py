@@ -24,7 +24,7 @@ import wdelta
 from chainkit import Trainer
 from test_cli import ENV, WDELTA, assert_error
 from wdelta import chain
-from wdelta.chain.local import digest_of_path
+from wdelta.chain.reading.local import digest_of_path
 from wdelta.errors import WdeltaError
 
 ARRAYS = {"w": np.arange(64, dtype=np.float32)}

@@ -14,7 +14,7 @@ from test_chain_distributed_unit import group  # noqa: F401 (a fixture)
 from test_chain_follow_weights import copy, publisher, same
 from test_chain_parts import published
 from wdelta import chain
-from wdelta.chain.smallfile import append_blocks, kept_partial
+from wdelta.chain.storage.smallfile import append_blocks, kept_partial
 from wdelta.chain.storage.transfer import Transfer
 from wdelta.errors import StorageError
 
@@ -58,7 +58,7 @@ def test_follower_evicts_a_planted_part(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("group")  # a process group of one rank
 def test_group_follower_evicts_a_planted_part(tmp_path: Path) -> None:
-    from wdelta.chain.group_follow import follow_in_group
+    from wdelta.chain.live.group_follow import follow_in_group
 
     c, history = published(tmp_path, 2)
     cache = tmp_path / "node-cache"

@@ -18,7 +18,8 @@ import pytest
 import wdelta
 from chainkit import FailingStorage, Wrapped
 from wdelta import chain
-from wdelta.chain import cachegc, cachelock
+from wdelta.chain import cachelock
+from wdelta.chain.reading import cachegc
 from wdelta.errors import StorageError
 
 WORKER = Path(__file__).resolve().parent / "cache_worker.py"

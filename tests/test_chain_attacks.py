@@ -14,11 +14,12 @@ import pytest
 from chainkit import S3Server, ThreadRanks, Wrapped
 from signkit import FAR, PAST, Signed, forged_root, key, root_file, signed_chain
 from wdelta import chain
-from wdelta.chain import acceptance, group_follow
-from wdelta.chain.manifest import revision_key
+from wdelta.chain.live import group_follow
+from wdelta.chain.model.manifest import revision_key
 from wdelta.chain.storage.base import Storage
 from wdelta.chain.storage.s3 import S3Storage
-from wdelta.chain.trust import (
+from wdelta.chain.trust import acceptance
+from wdelta.chain.trust.updater import (
     read_kept_roots,
     revision_payload,
     root_state_beside,

@@ -15,7 +15,7 @@ import pytest
 import wdelta
 from chainkit import folder_history
 from wdelta import chain
-from wdelta.chain import cachegc
+from wdelta.chain.reading import cachegc
 
 WDELTA = Path(sys.executable).parent / "wdelta"
 ENV = {k: v for k, v in os.environ.items() if k != "WDELTA_CACHE"}

@@ -16,8 +16,8 @@ import pytest
 
 import wdelta
 from chainkit import S3Server
-from wdelta.chain.checkstore import check_storage
 from wdelta.chain.storage.base import ObjectInfo, Progress
+from wdelta.chain.storage.checkstore import check_storage
 from wdelta.chain.storage.local import LocalStorage
 
 WDELTA = Path(sys.executable).parent / "wdelta"

@@ -27,8 +27,8 @@ pytest.importorskip("moto.server")
 
 from chainkit import S3Server, free_port
 from wdelta import chain
-from wdelta.chain.ops import check_files
 from wdelta.chain.storage.s3 import S3Storage
+from wdelta.chain.writing.append import check_files
 
 RANK = Path(__file__).resolve().parent / "distributed_rank.py"
 MODEL = {"dim": 128, "layers": 2, "heads": 4, "vocab": 256, "seed": 0}

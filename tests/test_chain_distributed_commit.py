@@ -13,8 +13,8 @@ import pytest
 
 from chainkit import free_port
 from wdelta import chain
-from wdelta.chain import distributed
 from wdelta.chain.errors import ConflictError
+from wdelta.chain.live import distributed
 from wdelta.errors import StorageError
 
 torch = pytest.importorskip("torch")

@@ -14,8 +14,8 @@ import pytest
 from chainkit import free_port
 from wdelta import chain
 from wdelta import errors as wdelta_errors
-from wdelta.chain import distributed
 from wdelta.chain.errors import ChainBrokenError
+from wdelta.chain.live import distributed
 from wdelta.errors import BadArgumentError, UnsupportedFeatureError
 
 torch = pytest.importorskip("torch")
@@ -89,7 +89,7 @@ def test_needs_a_process_group_and_torch(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_group_follow_reaches_the_head_or_stays(group: None, tmp_path: Path) -> None:
-    from wdelta.chain.group_follow import follow_in_group
+    from wdelta.chain.live.group_follow import follow_in_group
 
     c = chain.Chain(chain.open_storage(str(tmp_path / "a")), cache=tmp_path / "ca")
     pub, history = distributed.DistributedPublisher(c), [weights(0)]

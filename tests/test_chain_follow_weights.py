@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from wdelta import chain
-from wdelta.chain import cachegc
+from wdelta.chain.reading import cachegc
 from wdelta.errors import WdeltaError
 
 Weights = dict[str, np.ndarray[Any, Any]]

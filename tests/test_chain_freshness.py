@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from chainkit import Trainer
 from wdelta import chain
-from wdelta.chain import freshness
+from wdelta.chain.trust import freshness
 from wdelta.errors import WdeltaError
 
 STALE = "2020-01-01T00:00:00Z"

@@ -22,14 +22,14 @@ import wdelta
 from chainkit import S3Server, ThreadRanks, Wrapped, folder_history
 from signkit import Signed, key, root_file, signed_chain
 from wdelta import chain
-from wdelta.chain.manifest import revision_key
-from wdelta.chain.ops import append_parts
-from wdelta.chain.parts import mark_part, part_file
-from wdelta.chain.pull import work_dir
+from wdelta.chain.model.manifest import revision_key
+from wdelta.chain.reading.parts import mark_part, part_file
+from wdelta.chain.reading.pull import work_dir
 from wdelta.chain.storage import LocalStorage
 from wdelta.chain.storage.base import Storage
 from wdelta.chain.store import file_digest
-from wdelta.chain.trust import read_root_file, root_key, signature_key
+from wdelta.chain.trust.updater import read_root_file, root_key, signature_key
+from wdelta.chain.writing.append import append_parts
 from wdelta.errors import WdeltaError
 from wdelta.format.digest import digest_bytes
 
@@ -522,7 +522,7 @@ def test_a_group_that_fails_is_undone_from_the_bytes_applied(
     """follow_in_group applies link 0->1, link 1->2 fails (the store corrupts it): the
     rank goes back to version 0 from the bytes of link 0->1 it holds.  Before, it read
     that link again (header and blobs), got other bytes and stayed at version 1."""
-    from wdelta.chain import group_follow
+    from wdelta.chain.live import group_follow
 
     store = LocalStorage(tmp_path / "store")
     c = chain.Chain(store, cache=tmp_path / "cache")
@@ -563,7 +563,7 @@ def test_a_tensor_a_link_removed_comes_back_from_the_bytes_read_with_it(
     blobs, read (and kept) while 0->1 was applied: the store lies from the moment the
     rank reads link 1->2, and nothing of 0->1 is read again (a.x's blobs are not in the
     window of blobs read last, c.w's and d.w's: b.w, between them, is not selected)."""
-    from wdelta.chain import group_follow
+    from wdelta.chain.live import group_follow
 
     store = LocalStorage(tmp_path / "store")
     c = chain.Chain(store, cache=tmp_path / "cache")

@@ -134,7 +134,7 @@ def test_publish_neither_hashes_nor_copies_the_previous_copy(
     """After version 0 a step feeds no base words to a digest and makes no full copy
     of the weights: the previous copy's digests are kept from the step before, and
     the copy is brought forward by the link's changed words."""
-    from wdelta.chain import live
+    from wdelta.chain.live import weights as live
     from wdelta.ops import pipeline
 
     c = new_chain(tmp_path)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from signkit import key, signed_chain
 from wdelta import chain
-from wdelta.chain.manifest import revision_key
-from wdelta.chain.trust import signature_key
+from wdelta.chain.model.manifest import revision_key
+from wdelta.chain.trust.updater import signature_key
 from wdelta.format.digest import digest_bytes
 from wdelta.limits import MAX_MANIFEST_BYTES
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from wdelta.chain import graph
-from wdelta.chain.manifest import (
+from wdelta.chain.model import graph
+from wdelta.chain.model.manifest import (
     Link,
     Manifest,
     Snapshot,
@@ -22,7 +22,7 @@ from wdelta.chain.manifest import (
     read_manifest,
     revision_key,
     revision_of_key,
-)  # fmt: skip
+)
 from wdelta.errors import WdeltaError
 
 D = [hashlib.sha256(bytes([i])).hexdigest() for i in range(20)]

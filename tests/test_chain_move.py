@@ -16,8 +16,8 @@ from chainkit import Wrapped
 from test_chain_follow_weights import copy, publisher, same, state, step
 from test_chain_parts import published as parts_published
 from wdelta import chain
-from wdelta.chain import move
 from wdelta.chain.errors import ChainBrokenError
+from wdelta.chain.live import move
 from wdelta.errors import StorageError, WdeltaError
 
 
@@ -98,7 +98,7 @@ def test_a_failed_link_undoes_the_links_before_it(
     _, history = publisher(tmp_path, 4)
     c, reads = node(tmp_path)
     weights = copy(history[0])
-    real, calls = move._apply_link, []
+    real, calls = move.apply_link, []
 
     def third_fails(*args: Any) -> Any:
         calls.append(args[4])  # reverse
@@ -106,7 +106,7 @@ def test_a_failed_link_undoes_the_links_before_it(
             raise StorageError("injected: the third link fails")
         return real(*args)
 
-    monkeypatch.setattr(move, "_apply_link", third_fails)
+    monkeypatch.setattr(move, "apply_link", third_fails)
     monkeypatch.setattr(move, "evicting", lambda c, files, run: run())
     chain.prefetch(c, at=0, to=3)
     reads.refuse = True  # undoing reads no object from storage
@@ -196,7 +196,7 @@ def test_a_partial_move_is_undone_from_the_bytes_its_ranged_reads_kept(
     _, history = publisher(tmp_path, 3)
     c, _ = node(tmp_path)
     weights = {n: a.copy() for n, a in history[0].items() if n.startswith("layers.")}
-    real, calls = move._apply_link, []
+    real, calls = move.apply_link, []
 
     def third_fails(*args: Any) -> Any:
         calls.append(args[4])
@@ -205,7 +205,7 @@ def test_a_partial_move_is_undone_from_the_bytes_its_ranged_reads_kept(
             raise StorageError("injected: the third link fails")
         return real(*args)
 
-    monkeypatch.setattr(move, "_apply_link", third_fails)
+    monkeypatch.setattr(move, "apply_link", third_fails)
     monkeypatch.setattr(move, "evicting", lambda c, files, run: run())
     with pytest.raises(StorageError, match="the third link fails"):
         chain.move_weights(c, weights, at=0, to=3, tensors="layers.*")

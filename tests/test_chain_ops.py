@@ -13,8 +13,8 @@ import pytest
 import wdelta
 from chainkit import FailingStorage, Trainer, race_appends
 from wdelta import chain
-from wdelta.chain.local import digest_of_path, partial_marker
-from wdelta.chain.manifest import revision_key
+from wdelta.chain.model.manifest import revision_key
+from wdelta.chain.reading.local import digest_of_path, partial_marker
 from wdelta.chain.storage.base import ObjectInfo, Storage
 from wdelta.errors import WdeltaError
 

@@ -12,7 +12,7 @@ import pytest
 
 from chainkit import Trainer, folder_history
 from wdelta import chain
-from wdelta.chain import partial
+from wdelta.chain.reading import partial
 from wdelta.chain.storage.base import Storage
 from wdelta.errors import WdeltaError
 

@@ -12,18 +12,18 @@ import pytest
 import wdelta
 from wdelta import chain
 from wdelta.chain.errors import ChainBrokenError, ManifestInvalidError
-from wdelta.chain.live import weights_digest
-from wdelta.chain.local import digest_of_path
-from wdelta.chain.manifest import (
+from wdelta.chain.live.weights import weights_digest
+from wdelta.chain.model.manifest import (
     MAX_MANIFEST_BYTES,
     LinkPart,
     delta_key,
     parse_manifest,
     revision_key,
 )
-from wdelta.chain.ops import append_parts, check_files
-from wdelta.chain.parts import mark_part, part_file
+from wdelta.chain.reading.local import digest_of_path
+from wdelta.chain.reading.parts import mark_part, part_file
 from wdelta.chain.store import file_digest
+from wdelta.chain.writing.append import append_parts, check_files
 from wdelta.checkpoint.source import open_checkpoint
 from wdelta.errors import HeaderInvalidError, UnsupportedFeatureError
 from wdelta.format import schemas

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 import wdelta
 from chainkit import folder_history
 from wdelta import chain
-from wdelta.chain import acceptance
-from wdelta.chain.acceptance import Accepted, Tracker
-from wdelta.chain.manifest import Manifest, revision_key
+from wdelta.chain.model.manifest import Manifest, revision_key
+from wdelta.chain.trust import acceptance
+from wdelta.chain.trust.acceptance import Accepted, Tracker
 from wdelta.errors import WdeltaError
 from wdelta.format.digest import digest_bytes
 

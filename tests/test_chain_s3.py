@@ -26,7 +26,7 @@ from chainkit import (
     race_appends,
 )
 from wdelta import chain
-from wdelta.chain.local import digest_of_path
+from wdelta.chain.reading.local import digest_of_path
 from wdelta.errors import WdeltaError
 
 pytest.importorskip("boto3")

@@ -18,7 +18,7 @@ import pytest
 
 from chainkit import HostileS3, S3Server, http_answer
 from signkit import signed_chain
-from wdelta.chain.manifest import MANIFEST_PREFIX
+from wdelta.chain.model.manifest import MANIFEST_PREFIX
 from wdelta.chain.storage import s3 as s3_backend
 from wdelta.chain.storage import s3http, stall
 from wdelta.errors import WdeltaError

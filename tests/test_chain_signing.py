@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from signkit import FAR, forged_root, key, root_file, signed_chain
 from wdelta import chain
-from wdelta.chain import signing, trust
-from wdelta.chain.trust import Trust, revision_payload, sign_revision, signature_key
+from wdelta.chain.trust import signing
+from wdelta.chain.trust import updater as trust
+from wdelta.chain.trust.updater import Trust, revision_payload, sign_revision, signature_key
 from wdelta.errors import BadArgumentError, WdeltaError
 from wdelta.format.digest import digest_bytes
 

@@ -19,7 +19,7 @@ import pytest
 from chainkit import HostileS3, Proxy, S3Server, http_answer, trickle
 from signkit import signed_chain
 from wdelta import chain
-from wdelta.chain.manifest import MANIFEST_PREFIX
+from wdelta.chain.model.manifest import MANIFEST_PREFIX
 from wdelta.chain.storage import base, stall
 from wdelta.chain.storage import s3 as s3_backend
 from wdelta.errors import WdeltaError

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from signkit import Signed, root_file, signed_chain
 from wdelta import chain
-from wdelta.chain import acceptance, trust
-from wdelta.chain.acceptance import Accepted, TrustRecord
-from wdelta.chain.trust import root_state_beside
+from wdelta.chain.trust import acceptance
+from wdelta.chain.trust import updater as trust
+from wdelta.chain.trust.acceptance import Accepted, TrustRecord
+from wdelta.chain.trust.updater import root_state_beside
 from wdelta.errors import WdeltaError
 
 

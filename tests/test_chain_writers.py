@@ -24,12 +24,13 @@ import wdelta
 from chainkit import ThreadRanks, Wrapped
 from signkit import FAR, PAST, Signed, key, root_file, signed_chain
 from wdelta import chain
-from wdelta.chain import distributed, signing
-from wdelta.chain.local import digest_of_path
-from wdelta.chain.manifest import revision_key
+from wdelta.chain.live import distributed
+from wdelta.chain.model.manifest import revision_key
+from wdelta.chain.reading.local import digest_of_path
 from wdelta.chain.storage import LocalStorage
 from wdelta.chain.storage.base import ObjectInfo, Storage
-from wdelta.chain.trust import Trust, signature_key
+from wdelta.chain.trust import signing
+from wdelta.chain.trust.updater import Trust, signature_key
 from wdelta.checkpoint.source import open_checkpoint
 from wdelta.errors import ChecksumMismatchError, StorageError, WdeltaError
 from wdelta.format.container import PREFIX_SIZE, pack_prefix

@@ -331,7 +331,7 @@ def test_a_publisher_resumed_from_no_version_says_so(
     """A ``previous=`` that is none of the chain's versions: not a temporary file's name
     (``Publisher``), not "the chain changed" (``DistributedPublisher``)."""
     from wdelta import chain
-    from wdelta.chain.distributed import DistributedPublisher
+    from wdelta.chain.live.distributed import DistributedPublisher
     from wdelta.errors import WdeltaError
 
     store = chain.Chain(grown / "fleet", cache=tmp_path / "cache")

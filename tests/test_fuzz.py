@@ -37,7 +37,7 @@ from fuzz_targets import (
     work_folder,
 )
 from kit import Delta
-from wdelta.chain.manifest import parse_manifest
+from wdelta.chain.model.manifest import parse_manifest
 
 LONG = int(os.environ.get("WDELTA_FUZZ_EXAMPLES", "0"))
 fuzz = settings(max_examples=LONG) if LONG else settings()

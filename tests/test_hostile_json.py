@@ -25,7 +25,7 @@ import wdelta
 from kit import Delta, RawTensor, safetensors_bytes, write_sharded
 from test_cli import ENV, assert_error, run
 from wdelta.chain.errors import ManifestInvalidError
-from wdelta.chain.manifest import parse_manifest
+from wdelta.chain.model.manifest import parse_manifest
 from wdelta.format import jsoncost, strictjson
 from wdelta.format.container import pack_prefix
 from wdelta.limits import JSON_BYTES_FACTOR

@@ -2,16 +2,20 @@
 read, and loaded, after the modules it imports.  Imports made only for type checking
 and inside functions count too (read from the source with ``ast``), so neither a lazy
 import nor an ``if TYPE_CHECKING:`` block can hide one.  And the manifest's reachability rule,
-moved out of ``graph`` to break a cycle, agrees with ``graph``'s download plans."""
+moved out of ``graph`` to break a cycle, agrees with ``graph``'s download plans.  No module
+uses another module's underscore names, by import (``from .live import _digests``) or by
+attribute (``live._digests``): what a module shares has a public, documented name."""
 
 from __future__ import annotations
+
+import ast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from test_cli_structure import MODULES, find_cycle, imports_of
-from wdelta.chain.graph import cheapest_path
-from wdelta.chain.manifest import Link, Manifest, Snapshot, Version, unreachable_versions
+from test_cli_structure import MODULES, find_cycle, imported_by, imports_of
+from wdelta.chain.model.graph import cheapest_path
+from wdelta.chain.model.manifest import Link, Manifest, Snapshot, Version, unreachable_versions
 
 
 def package_graph() -> dict[str, set[str]]:
@@ -25,13 +29,58 @@ def package_graph() -> dict[str, set[str]]:
 
 def test_the_package_graph_is_read() -> None:
     graph = package_graph()
-    assert "wdelta.chain.manifest" in graph["wdelta.chain.graph"]  # under TYPE_CHECKING
+    assert "wdelta.chain.model.manifest" in graph["wdelta.chain.model.graph"]  # under TYPE_CHECKING
     assert "wdelta.chain.storage.transfer" in graph["wdelta.chain.storage.base"]
     assert len(graph) == len(MODULES) > 100
 
 
 def test_no_import_cycle_in_the_package() -> None:
     assert find_cycle(package_graph()) is None
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_uses(name: str, source: str | None = None) -> list[str]:
+    """Underscore names of other modules that module ``name`` (or ``source`` read as it)
+    imports or reads as an attribute of a module it imported."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8") if source is None else source)
+    found: list[str] = []
+    modules: set[str] = set()  # local names bound to modules of the package
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias, (module, imported) in zip(node.names, imported_by(name, node), strict=True):
+                if not module.startswith("wdelta"):
+                    continue
+                if imported is not None and is_private(imported):
+                    found.append(f"{module}.{imported}")
+                elif imported is None:
+                    modules.add(alias.asname or alias.name.partition(".")[0])
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and is_private(node.attr)
+        ):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    uses = {name: private_uses(name) for name in MODULES}
+    assert {name: found for name, found in uses.items() if found} == {}
+
+
+def test_a_private_use_is_found() -> None:
+    move = "wdelta.chain.live.move"
+    found = private_uses(move, "from .weights import _digests")
+    assert found == ["wdelta.chain.live.weights._digests"]
+    assert private_uses(move, "from . import weights\nweights._start()") == ["weights._start"]
+    assert private_uses(move, "from .weights import load\nself._x = load._y") == []
+    assert private_uses(move, "from .._version import __version__") == []
+    assert not is_private("__version__") and not is_private("digests")
 
 
 # The manifest rule "every version is reachable from a snapshot" was moved out of

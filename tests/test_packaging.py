@@ -16,7 +16,7 @@ import pytest
 
 import wdelta
 from test_cli import ENV, run
-from wdelta.chain.manifest import MANIFEST_VERSION
+from wdelta.chain.model.manifest import MANIFEST_VERSION
 from wdelta.codec import native
 from wdelta.format.header import FORMAT_VERSION
 

@@ -16,9 +16,9 @@ import pytest
 
 from chainkit import S3Server
 from storekit import FakeHub
-from wdelta.chain.checkstore import RULES, check_storage
 from wdelta.chain.errors import NotFoundError
 from wdelta.chain.storage.base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key
+from wdelta.chain.storage.checkstore import RULES, check_storage
 from wdelta.chain.storage.hf import HfStorage, parse_hf_url
 from wdelta.chain.storage.local import LocalStorage
 from wdelta.errors import BadArgumentError, LimitExceededError, TruncatedError, WdeltaError

@@ -1,4 +1,4 @@
-"""The pure trust core (wdelta.chain.trusted_set) from bytes alone: no storage, no files,
+"""The pure trust core (wdelta.chain.trust.trusted_set) from bytes alone: no storage, no files,
 no clock.  Roots walked by successor, threshold and role rules (SG-1, SG-2); revision
 signatures by the revisions role, bound to chain, revision and manifest digest, unexpired
 at the ``now`` given (SG-3..SG-5); and the core's imports (no I/O, no clock)."""
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from wdelta.chain import trusted_set
-from wdelta.chain.manifest import Snapshot, SnapshotFile, Version, new_manifest
-from wdelta.chain.signing import SigningKey, canonical
-from wdelta.chain.trusted_set import (
+from wdelta.chain.model.manifest import Snapshot, SnapshotFile, Version, new_manifest
+from wdelta.chain.trust import trusted_set
+from wdelta.chain.trust.signing import SigningKey, canonical
+from wdelta.chain.trust.trusted_set import (
     Role,
     Root,
     TrustedSet,
@@ -261,13 +261,13 @@ def _forbidden(names: set[str]) -> list[str]:
 
 
 def test_the_core_imports_no_storage_files_network_or_clock() -> None:
-    names = _imports(ast.parse(CORE.read_text()), "wdelta.chain")
-    assert "wdelta.chain.signing" in names  # relative imports are resolved
+    names = _imports(ast.parse(CORE.read_text()), "wdelta.chain.trust")
+    assert "wdelta.chain.trust.signing" in names  # relative imports are resolved
     assert _forbidden(names) == []
 
 
 def test_the_import_check_catches_io() -> None:
-    bad = "import os.path\nfrom time import time\nfrom .storage.base import Storage\n"
-    found = _forbidden(_imports(ast.parse(bad), "wdelta.chain"))
+    bad = "import os.path\nfrom time import time\nfrom ..storage.base import Storage\n"
+    found = _forbidden(_imports(ast.parse(bad), "wdelta.chain.trust"))
     assert found == ["os.path", "time", "time.time", "wdelta.chain.storage.base",
                      "wdelta.chain.storage.base.Storage"]  # fmt: skip

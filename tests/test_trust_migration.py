@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from wdelta.chain.signing import canonical, load_signing_key
 from wdelta.chain.storage.local import LocalStorage
-from wdelta.chain.trust import Trust, read_root_file, root_key
+from wdelta.chain.trust.signing import canonical, load_signing_key
+from wdelta.chain.trust.updater import Trust, read_root_file, root_key
 from wdelta.errors import UnsupportedVersionError
 
 FAR = "2099-01-01T00:00:00Z"

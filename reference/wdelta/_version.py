@@ -5,7 +5,7 @@ the interpreter start-up (the benchmark times it as such).
 """
 
 __version__ = "0.1.0"
-# The chain manifest's ``version`` (SPEC §17.2); wdelta.chain.manifest uses it.
+# The chain manifest's ``version`` (SPEC §17.2); wdelta.chain.model.manifest uses it.
 CHAIN_MANIFEST_VERSION = 1
 # The ``manifest_version`` of the conformance suite packaged with this release
 # (conformance/manifest.json); tests/test_packaging.py keeps the two equal.

@@ -19,9 +19,6 @@ and with a trust policy (``Chain(..., trust=ROOTFILE)``, SPEC §17.11)
 ``signature-invalid`` and ``frozen``.
 """
 
-from .backoff import Backoff
-from .cachegc import GcResult, gc_chain
-from .compose import compose, squash
 from .errors import (
     CHAIN_CATEGORIES,
     ChainBrokenError,
@@ -31,8 +28,11 @@ from .errors import (
     NotFoundError,
     SignatureInvalidError,
 )
-from .live import Publisher, follow_weights, load, save_weights, weights_digest
-from .manifest import (
+from .live.distributed import DistributedPublisher, assign_by_bytes
+from .live.group_follow import follow_in_group
+from .live.move import Moved, move_weights, prefetch
+from .live.weights import Publisher, follow_weights, load, save_weights, weights_digest
+from .model.manifest import (
     Link,
     Manifest,
     Snapshot,
@@ -41,15 +41,17 @@ from .manifest import (
     parse_manifest,
     read_manifest,
 )
-from .move import Moved, move_weights, prefetch
-from .ops import AppendOptions, append, append_delta, init, log_rows, verify
-from .prune import Policy, prune
-from .pull import PullResult, follow, pull
-from .signing import PublicKey, SigningKey, load_public_key, load_signing_key
+from .reading.cachegc import GcResult, gc_chain
+from .reading.pull import PullResult, follow, pull
 from .storage import LocalStorage, ObjectInfo, Storage, open_storage
+from .storage.backoff import Backoff
 from .storage.transfer import Transfer
 from .store import Chain
-from .trust import Root, Trust, make_root, read_root_file
+from .trust.signing import PublicKey, SigningKey, load_public_key, load_signing_key
+from .trust.updater import Root, Trust, make_root, read_root_file
+from .writing.append import AppendOptions, append, append_delta, init, log_rows, verify
+from .writing.compose import compose, squash
+from .writing.prune import Policy, prune
 
 __all__ = [
     "CHAIN_CATEGORIES",
@@ -58,6 +60,7 @@ __all__ = [
     "Chain",
     "ChainBrokenError",
     "ConflictError",
+    "DistributedPublisher",
     "FrozenError",
     "GcResult",
     "Link",
@@ -82,8 +85,10 @@ __all__ = [
     "Version",
     "append",
     "append_delta",
+    "assign_by_bytes",
     "compose",
     "follow",
+    "follow_in_group",
     "follow_weights",
     "gc_chain",
     "init",

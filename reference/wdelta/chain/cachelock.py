@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import StorageError
-from .smallfile import kind_of
+from .storage.smallfile import kind_of
 
 # What flock answers on a file system that offers no locks.
 _NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})

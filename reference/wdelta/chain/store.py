@@ -43,18 +43,12 @@ from ..io.filekind import os_message
 from ..limits import MAX_MANIFEST_BYTES
 from . import cachelock
 from .errors import ConflictError, ManifestInvalidError, NotFoundError, SignatureInvalidError
-from .manifest import (
-    MANIFEST_PREFIX,
-    Manifest,
-    parse_manifest,
-    revision_key,
-    revision_of_key,
-)
-from .signing import SigningKey
+from .model.manifest import MANIFEST_PREFIX, Manifest, parse_manifest, revision_key, revision_of_key
 from .storage import LocalStorage, open_storage
 from .storage.base import Progress, Storage, download
 from .storage.transfer import download_ranges, read_blocks
-from .trust import Trust, as_trust, expires_in, root_key
+from .trust.signing import SigningKey
+from .trust.updater import Trust, as_trust, expires_in, root_key
 
 PUBLISH_ATTEMPTS = 50
 SIGNATURE_SECONDS = 7 * 24 * 3600  # default validity of a revision signature

@@ -17,18 +17,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..chain import acceptance, ops, signatures
-from ..chain.backoff import Backoff
-from ..chain.cachegc import gc_chain
-from ..chain.checkstore import check_storage
-from ..chain.compose import squash
-from ..chain.freshness import parse_duration
-from ..chain.manifest import Manifest, read_manifest
-from ..chain.prune import Policy, prune
-from ..chain.pull import PullResult, follow, pull
+from ..chain.model.manifest import Manifest, read_manifest
+from ..chain.reading.cachegc import gc_chain
+from ..chain.reading.pull import PullResult, follow, pull
 from ..chain.storage import open_storage
+from ..chain.storage.backoff import Backoff
+from ..chain.storage.checkstore import check_storage
 from ..chain.store import Chain
-from ..chain.trust import Trust
+from ..chain.trust import acceptance, signatures
+from ..chain.trust.freshness import parse_duration
+from ..chain.trust.updater import Trust
+from ..chain.writing import append as ops
+from ..chain.writing.compose import squash
+from ..chain.writing.prune import Policy, prune
 from ..checkpoint.source import open_checkpoint
 from ..errors import BadArgumentError, WdeltaError
 from . import options

@@ -125,8 +125,8 @@ def trust_args(args: argparse.Namespace) -> dict[str, Any]:
     """Chain(...) keywords from --trust, --sign and --expires-days."""
     # Imported here: the chain's modules (storage clients, signing) would slow
     # the start of diff and apply, which share this module.
-    from ..chain.signing import load_revision_key
-    from ..chain.trust import Trust
+    from ..chain.trust.signing import load_revision_key
+    from ..chain.trust.updater import Trust
 
     trust = getattr(args, "trust", None)
     keys = [load_revision_key(Path(k)) for k in getattr(args, "sign", None) or []]

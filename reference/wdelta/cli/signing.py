@@ -12,9 +12,12 @@ from typing import NamedTuple
 
 from ..arguments import as_path
 from ..chain.errors import ConflictError, NotFoundError, SignatureInvalidError
-from ..chain.local import digest_of_path
-from ..chain.manifest import Manifest, Version, parse_manifest, revision_key
-from ..chain.signing import (
+from ..chain.model.manifest import Manifest, Version, parse_manifest, revision_key
+from ..chain.reading.local import digest_of_path
+from ..chain.storage import open_storage
+from ..chain.storage.base import Storage
+from ..chain.store import Chain
+from ..chain.trust.signing import (
     KEY_ROLES,
     check_role,
     generate,
@@ -23,10 +26,7 @@ from ..chain.signing import (
     load_signing_key,
     write_json,
 )
-from ..chain.storage import open_storage
-from ..chain.storage.base import Storage
-from ..chain.store import Chain
-from ..chain.trust import (
+from ..chain.trust.updater import (
     Trust,
     check_successor,
     expires_in,

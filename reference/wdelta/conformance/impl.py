@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..chain.acceptance import check_after, check_state, stored_digests
-from ..chain.manifest import read_manifest
-from ..chain.ops import check_files
-from ..chain.signatures import check_signatures
+from ..chain.model.manifest import read_manifest
 from ..chain.storage import LocalStorage
 from ..chain.store import Chain
-from ..chain.trust import Trust
+from ..chain.trust.acceptance import check_after, check_state, stored_digests
+from ..chain.trust.signatures import check_signatures
+from ..chain.trust.updater import Trust
+from ..chain.writing.append import check_files
 from ..errors import BadArgumentError, WdeltaError
 from ..ops import api
 from .manifest import TEMPLATE_ROLES, placeholder_of, template_of

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..chain.local import digest_of_path
+from ..chain.reading.local import digest_of_path
 from ..checkpoint.source import Checkpoint, open_checkpoint
 from ..codec import sparse
 from ..errors import BadArgumentError, EncodingInvalidError, HeaderInvalidError

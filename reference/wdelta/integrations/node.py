@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..arguments import check_int, check_seconds
-from ..chain.live import load
-from ..chain.move import Moved, move_weights, prefetch
+from ..chain.live.move import Moved, move_weights, prefetch
+from ..chain.live.weights import load
 from ..chain.store import Chain
 from ..errors import BadArgumentError, WdeltaError
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from ..chain.live import Publisher
+from ..chain.live.weights import Publisher
 from ..chain.store import Chain
 from .vllm import SyncClient, init_info, update_to
 

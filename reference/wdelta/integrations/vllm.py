@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ..chain.live import Publisher
-from ..chain.manifest import Version
+from ..chain.live.weights import Publisher
+from ..chain.model.manifest import Version
 
 BACKEND = "wdelta"
 

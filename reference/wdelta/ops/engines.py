@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..arguments import check_int, check_mapping
-from ..chain.manifest import Manifest
-from ..chain.move import link_changes, plan_move
+from ..chain.live.move import link_changes, plan_move
+from ..chain.model.manifest import Manifest
 from ..chain.store import Chain
 from ..errors import BadArgumentError
 

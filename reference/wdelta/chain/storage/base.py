@@ -27,7 +27,7 @@ from ...errors import (
     StorageError,
     UnsupportedFeatureError,
 )
-from ..smallfile import append_blocks, kept_partial
+from .smallfile import append_blocks, kept_partial
 from .transfer import Transfer
 
 Progress = Callable[[int], None]

@@ -26,9 +26,9 @@ from ...io import interrupts
 from ...io.atomic import TMP_MARK, fsync_dir, remove_stale, temp_file
 from ...io.filekind import os_message
 from ..errors import NotFoundError
-from ..smallfile import open_regular, read_bounded
 from . import base
 from .base import STREAM_BLOCK, ObjectInfo, Progress, Storage, check_key, too_large
+from .smallfile import open_regular, read_bounded
 
 
 class LocalStorage(Storage):

@@ -24,8 +24,8 @@ from typing import Protocol
 
 from ...errors import BadArgumentError, ChecksumMismatchError, StorageError
 from ...ops.pipeline import ordered_map
-from ..backoff import Backoff
-from ..smallfile import append_blocks, kept_partial
+from .backoff import Backoff
+from .smallfile import append_blocks, kept_partial
 
 _RETRY = Backoff(base=0.2, cap=2.0)
 

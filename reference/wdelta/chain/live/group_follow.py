@@ -23,18 +23,18 @@ import time
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
-from ..arguments import PathLike, check_mapping, check_optional_int, check_seconds
-from ..errors import BadArgumentError, WdeltaError
-from ..format.digest import digest_bytes
-from . import graph
-from .acceptance import Tracker
+from ...arguments import PathLike, check_mapping, check_optional_int, check_seconds
+from ...errors import BadArgumentError, WdeltaError
+from ...format.digest import digest_bytes
+from ..errors import ChainBrokenError, ManifestInvalidError
+from ..model import graph
+from ..model.manifest import Manifest, Version
+from ..reading.fetch import evicting
+from ..store import Chain, as_chain
+from ..trust.acceptance import Tracker
+from ..trust.updater import Trust, as_trust
 from .collective import Group, Outcome
-from .errors import ChainBrokenError, ManifestInvalidError
-from .fetch import evicting
-from .live import Applied, _apply_link, _keep_roots, needs_state
-from .manifest import Manifest, Version
-from .store import Chain, as_chain
-from .trust import Trust, as_trust
+from .weights import Applied, apply_link, keep_roots, needs_state
 
 
 def follow_in_group(
@@ -95,7 +95,7 @@ def follow_in_group(
 def _head(chain: Chain, tracker: Tracker) -> Outcome:
     """Rank 0: the head revision and its BLAKE3, read under the trust policy and RD-1."""
     try:
-        _keep_roots(chain, tracker.path)
+        keep_roots(chain, tracker.path)
         m, digest = tracker.head(chain)
         return Outcome(value=(m.revision, digest))
     except WdeltaError as exc:
@@ -129,7 +129,7 @@ def _poll(
             link = hop.link
             assert link is not None
             applied.append(evicting(chain, link.files, functools.partial(
-                _apply_link, chain, m, link, weights, hop.reverse, tensors, threads)))  # fmt: skip
+                apply_link, chain, m, link, weights, hop.reverse, tensors, threads)))  # fmt: skip
         mine.value = m.head.number if hops else None
     except WdeltaError as exc:
         mine = Outcome.failed(exc)

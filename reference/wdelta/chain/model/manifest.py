@@ -19,20 +19,20 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._version import CHAIN_MANIFEST_VERSION, __version__
-from ..arguments import as_path
-from ..errors import (
+from ..._version import CHAIN_MANIFEST_VERSION, __version__
+from ...arguments import as_path
+from ...errors import (
     BadArgumentError,
     LimitExceededError,
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
-from ..format import schemas, strictjson
-from ..format.digest import digest_bytes
-from ..io.filekind import document_refusal, naming, os_message
-from ..limits import MAX_MANIFEST_BYTES
-from .errors import ChainBrokenError, ManifestInvalidError, NotFoundError
-from .smallfile import open_regular, read_bounded
+from ...format import schemas, strictjson
+from ...format.digest import digest_bytes
+from ...io.filekind import document_refusal, naming, os_message
+from ...limits import MAX_MANIFEST_BYTES
+from ..errors import ChainBrokenError, ManifestInvalidError, NotFoundError
+from ..storage.smallfile import open_regular, read_bounded
 
 FORMAT = "wdelta-chain"
 MANIFEST_VERSION = CHAIN_MANIFEST_VERSION

@@ -34,16 +34,16 @@ import os
 import time
 from pathlib import Path
 
-from ..arguments import PathLike, as_path
-from ..errors import BadArgumentError, LimitExceededError, WdeltaError
-from ..format import strictjson
-from ..format.digest import digest_bytes
-from ..io.atomic import atomic_file
-from ..limits import MAX_DOCUMENT_BYTES
-from .errors import ConflictError, NotFoundError, SignatureInvalidError
+from ...arguments import PathLike, as_path
+from ...errors import BadArgumentError, LimitExceededError, WdeltaError
+from ...format import strictjson
+from ...format.digest import digest_bytes
+from ...io.atomic import atomic_file
+from ...limits import MAX_DOCUMENT_BYTES
+from ..errors import ConflictError, NotFoundError, SignatureInvalidError
+from ..storage.base import Storage
+from ..storage.smallfile import read_regular
 from .signing import SigningKey, read_json
-from .smallfile import read_regular
-from .storage.base import Storage
 from .trusted_set import (
     REVISION_FORMAT,
     ROOT_FORMAT,

@@ -20,21 +20,21 @@ from typing import Any
 
 import numpy as np
 
-from ..arguments import PathLike, as_path
-from ..checkpoint.source import Checkpoint, Scratch, Tensor, Words, open_checkpoint
-from ..codec import chunk as chunk_codec
-from ..errors import BadArgumentError, BaseMismatchError
-from ..format.container import DeltaFile, open_delta
-from ..io.atomic import temp_dir
-from ..ops.decoder import check_input, structure_difference
-from ..ops.encoder import DiffOptions, diff_checkpoints
-from . import graph
-from .errors import ChainBrokenError, ConflictError
-from .fetch import fetch_link
-from .manifest import Link, Manifest, delta_key
-from .pull import pull
-from .storage.base import Progress
-from .store import Chain, as_chain, file_digest
+from ...arguments import PathLike, as_path
+from ...checkpoint.source import Checkpoint, Scratch, Tensor, Words, open_checkpoint
+from ...codec import chunk as chunk_codec
+from ...errors import BadArgumentError, BaseMismatchError
+from ...format.container import DeltaFile, open_delta
+from ...io.atomic import temp_dir
+from ...ops.decoder import check_input, structure_difference
+from ...ops.encoder import DiffOptions, diff_checkpoints
+from ..errors import ChainBrokenError, ConflictError
+from ..model import graph
+from ..model.manifest import Link, Manifest, delta_key
+from ..reading.fetch import fetch_link
+from ..reading.pull import pull
+from ..storage.base import Progress
+from ..store import Chain, as_chain, file_digest
 
 # Decoded chunks kept per composed tensor.  When the links' chunk sizes
 # differ, one read at link k covers parts of several chunks at link k-1 and

@@ -41,15 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from ..arguments import check_int, check_mapping
-from ..errors import BadArgumentError, WdeltaError
-from ..format.container import open_delta
-from ..format.digest import TensorIdentity, checkpoint_digest
-from ..ops import tensors as live
-from .collective import Group, Outcome
-from .errors import published_anyway
-from .live import Publisher, _digests, save_weights
-from .manifest import (
+from ...arguments import check_int, check_mapping
+from ...errors import BadArgumentError, WdeltaError
+from ...format.container import open_delta
+from ...format.digest import TensorIdentity, checkpoint_digest
+from ...ops import tensors as live
+from ..errors import published_anyway
+from ..model.manifest import (
     Link,
     LinkPart,
     Manifest,
@@ -60,9 +58,11 @@ from .manifest import (
     parse_manifest,
     utc_now,
 )
-from .ops import AppendOptions, _appending, append_parts
-from .parts import mark_part, part_file
-from .store import Chain, as_chain, file_digest
+from ..reading.parts import mark_part, part_file
+from ..store import Chain, as_chain, file_digest
+from ..writing.append import AppendOptions, append_parts, append_update
+from .collective import Group, Outcome
+from .weights import Publisher, save_weights, tensor_digests
 
 Ids = list[tuple[str, str, tuple[int, ...], str]]
 
@@ -280,7 +280,7 @@ class DistributedPublisher:
         def link_of(source: int, target: int) -> Link:
             return Link(source, target, digest, size, reversible)
 
-        update = _appending(base, target, step, metadata, link_of, snap)
+        update = append_update(base, target, step, metadata, link_of, snap)
         return self.chain.publish(update).to_bytes()
 
     # ------------------------------------------------------------ background
@@ -342,7 +342,7 @@ def _guarded(make: Callable[[], bytes]) -> Outcome:
 
 
 def _ids(share: Mapping[str, Any], threads: int) -> Ids:
-    digests = _digests(share, threads)
+    digests = tensor_digests(share, threads)
     slots = [live.slot(n, v) for n, v in share.items()]
     return [(s.name, s.dtype.name, s.shape, digests[s.name]) for s in slots]
 

@@ -8,16 +8,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import StorageError, WdeltaError
-from ..format.container import open_delta
-from ..format.header import Header
-from ..io import rename
-from ..io.atomic import temp_name
-from .errors import ChainBrokenError
+from ...errors import StorageError, WdeltaError
+from ...format.container import open_delta
+from ...format.header import Header
+from ...io import rename
+from ...io.atomic import temp_name
+from ..errors import ChainBrokenError
+from ..model.manifest import Link, LinkPart, Manifest, Snapshot
+from ..storage.base import Progress
+from ..store import Chain
 from .local import digest_of_path
-from .manifest import Link, LinkPart, Manifest, Snapshot
-from .storage.base import Progress
-from .store import Chain
 
 
 def check_link_header(m: Manifest, link: Link, header: Header) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..errors import BadArgumentError
+from ...errors import BadArgumentError
 
 # factor ** 64 already exceeds any sensible cap; stops float overflow for long outages.
 _MAX_EXPONENT = 64

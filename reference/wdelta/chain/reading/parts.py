@@ -24,25 +24,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint.safetensors_header import build_header
-from ..checkpoint.source import open_checkpoint
-from ..errors import BaseMismatchError, StorageError
-from ..format.container import PREFIX_SIZE, open_delta, pack_prefix, parse_prefix
-from ..format.digest import checkpoint_digest, new_hasher
-from ..format.header import Header
-from ..io.atomic import atomic_file
-from ..io.output_file import pwrite_all
-from ..ops.decoder import Step, init_file, plan_steps
-from ..ops.inplace import apply_opened
-from .errors import ChainBrokenError
+from ...checkpoint.safetensors_header import build_header
+from ...checkpoint.source import open_checkpoint
+from ...errors import BaseMismatchError, StorageError
+from ...format.container import PREFIX_SIZE, open_delta, pack_prefix, parse_prefix
+from ...format.digest import checkpoint_digest, new_hasher
+from ...format.header import Header
+from ...io.atomic import atomic_file
+from ...io.output_file import pwrite_all
+from ...ops.decoder import Step, init_file, plan_steps
+from ...ops.inplace import apply_opened
+from ..errors import ChainBrokenError
+from ..model.manifest import Link, LinkPart, Manifest
+from ..storage.base import Progress, Storage
+from ..storage.local import LocalStorage
+from ..store import Chain, file_digest
 from .fetch import fetch_link
 from .local import READ_ELEMENTS, TENSORS_KEY, VERSION_KEY
-from .manifest import Link, LinkPart, Manifest
-from .partial import Blobs, _apply_tensor, matches, read_remote_header
+from .partial import Blobs, apply_tensor, matches, read_remote_header
 from .remote_delta import PartDelta, RemoteDelta
-from .storage.base import Progress, Storage
-from .storage.local import LocalStorage
-from .store import Chain, file_digest
 
 _COPY_BLOCK = 1 << 22
 
@@ -210,7 +210,7 @@ def apply_to_file(
         with atomic_file(out, overwrite=True) as fd:
             init_file(fd, layout)
             for s, st in outputs:
-                _apply_tensor(s.header, st, ckpt, blobs[id(s)], fd, offsets[st.entry.name])
+                apply_tensor(s.header, st, ckpt, blobs[id(s)], fd, offsets[st.entry.name])
 
 
 def _blobs(s: _Source, steps: list[Step], progress: Progress | None) -> Blobs:

@@ -17,11 +17,11 @@ from typing import Protocol
 
 import blake3
 
-from ..checkpoint.safetensors_header import build_header
-from ..checkpoint.source import Checkpoint, Words, open_checkpoint
-from ..codec import blob
-from ..codec import chunk as chunk_codec
-from ..errors import (
+from ...checkpoint.safetensors_header import build_header
+from ...checkpoint.source import Checkpoint, Words, open_checkpoint
+from ...codec import blob
+from ...codec import chunk as chunk_codec
+from ...errors import (
     BaseMismatchError,
     ChecksumMismatchError,
     DeltaFormatError,
@@ -29,16 +29,16 @@ from ..errors import (
     UnsupportedFeatureError,
     UnsupportedVersionError,
 )
-from ..format.container import PREFIX_SIZE, parse_prefix
-from ..format.digest import new_hasher
-from ..format.header import Chunk, Header, parse_header
-from ..io.atomic import atomic_file
-from ..io.filekind import naming
-from ..io.output_file import pwrite_all
-from ..ops.decoder import Step, check_digests, init_file, plan_steps
+from ...format.container import PREFIX_SIZE, parse_prefix
+from ...format.digest import new_hasher
+from ...format.header import Chunk, Header, parse_header
+from ...io.atomic import atomic_file
+from ...io.filekind import naming
+from ...io.output_file import pwrite_all
+from ...ops.decoder import Step, check_digests, init_file, plan_steps
+from ..model.manifest import Link
+from ..storage.base import Progress, Storage
 from .local import TENSORS_KEY, VERSION_KEY
-from .manifest import Link
-from .storage.base import Progress, Storage
 
 # Consecutive blobs of a tensor are fetched together up to this many bytes,
 # which bounds memory while keeping the number of requests small.
@@ -126,9 +126,12 @@ class Blobs:
             self.progress(len(self.buf))
 
 
-def _apply_tensor(
+def apply_tensor(
     header: Header, step: Step, ckpt: Checkpoint, blobs: Blobs, fd: int, out_offset: int
 ) -> None:
+    """Decode one tensor's step chunk by chunk from ``blobs`` (ranged reads of a stored
+    delta) and write it at ``out_offset`` of ``fd``, checking both sides' digests; the
+    input side is read from ``ckpt``.  Partial pulls and multi-part links share it."""
     entry = step.entry
     nbytes = entry.elements * entry.dtype.size
     hashers = (new_hasher(1, nbytes), new_hasher(1, nbytes))
@@ -176,7 +179,7 @@ def apply_partial(
         with atomic_file(out, overwrite=True) as fd:
             init_file(fd, layout)
             for step in outputs:
-                _apply_tensor(header, step, ckpt, blobs, fd, offsets[step.entry.name])
+                apply_tensor(header, step, ckpt, blobs, fd, offsets[step.entry.name])
 
 
 def extract(full: Path, pattern: str, version_digest: str, out: Path) -> None:

@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadArgumentError, TruncatedError, WdeltaError
-from .errors import NotFoundError
-from .storage.base import Storage
-from .storage.local import LocalStorage
+from ...errors import BadArgumentError, TruncatedError, WdeltaError
+from ..errors import NotFoundError
+from .base import Storage
+from .local import LocalStorage
 
 RANGED_OBJECT_BYTES = (2 << 20) + 123  # spans several stream blocks, odd size
 WRITE_OBJECTS = 4

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BadArgumentError, StorageError, UnsupportedFeatureError, WdeltaError
+from ...errors import BadArgumentError, StorageError, UnsupportedFeatureError, WdeltaError
 
 
 def torch_distributed() -> Any:

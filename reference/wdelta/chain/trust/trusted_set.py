@@ -26,11 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import BadArgumentError, UnsupportedVersionError, WdeltaError
-from ..format import schemas, strictjson
-from ..format.digest import digest_bytes
-from .errors import FrozenError, SignatureInvalidError
-from .manifest import Manifest, parse_manifest
+from ...errors import BadArgumentError, UnsupportedVersionError, WdeltaError
+from ...format import schemas, strictjson
+from ...format.digest import digest_bytes
+from ..errors import FrozenError, SignatureInvalidError
+from ..model.manifest import Manifest, parse_manifest
 from .signing import PublicKey, SigningKey, canonical, key_id
 
 ROOT_FORMAT = "wdelta-trust-root"

@@ -20,13 +20,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..arguments import check_optional_int
-from ..errors import BadArgumentError, StorageError, WdeltaError
-from ..io.atomic import TMP_MARK, temp_name
-from . import cachelock
-from .manifest import Manifest
-from .smallfile import read_regular
-from .store import Chain
+from ...arguments import check_optional_int
+from ...errors import BadArgumentError, StorageError, WdeltaError
+from ...io.atomic import TMP_MARK, temp_name
+from .. import cachelock
+from ..model.manifest import Manifest
+from ..storage.smallfile import read_regular
+from ..store import Chain
 
 MAX_PIN_BYTES = 1 << 24  # a pin lists a plan's file digests, ~70 bytes each
 

@@ -20,13 +20,13 @@ import threading
 from collections.abc import Callable
 from typing import BinaryIO
 
-from ..errors import StorageError
-from ..format.header import Chunk, Header
-from ..ops.decoder import plan_steps
+from ...errors import StorageError
+from ...format.header import Chunk, Header
+from ...ops.decoder import plan_steps
+from ..model.manifest import Link, LinkPart, Manifest
+from ..storage.base import Progress, Storage
 from .fetch import check_link_header
-from .manifest import Link, LinkPart, Manifest
 from .partial import Blobs, StoredDelta, read_remote_header
-from .storage.base import Progress, Storage
 
 
 class RemoteDelta:

@@ -11,18 +11,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..arguments import PathLike, as_path, check_optional_int, check_str_mapping
-from ..errors import BadArgumentError, BaseMismatchError
-from ..format.container import open_delta
-from ..format.digest import digest_bytes, file_sha256
-from ..io.atomic import temp_dir
-from ..limits import MAX_MANIFEST_BYTES
-from ..ops import api
-from . import parts
-from .errors import ChainBrokenError, ConflictError, ManifestInvalidError
-from .fetch import fetch_link, materialize_snapshot
-from .local import checkpoint_files, digest_of_path
-from .manifest import (
+from ...arguments import PathLike, as_path, check_optional_int, check_str_mapping
+from ...errors import BadArgumentError, BaseMismatchError
+from ...format.container import open_delta
+from ...format.digest import digest_bytes, file_sha256
+from ...io.atomic import temp_dir
+from ...limits import MAX_MANIFEST_BYTES
+from ...ops import api
+from ..errors import ChainBrokenError, ConflictError, ManifestInvalidError
+from ..model.manifest import (
     Link,
     LinkPart,
     Manifest,
@@ -36,11 +33,14 @@ from .manifest import (
     revision_key,
     utc_now,
 )
-from .partial import read_remote_header
-from .parts import check_part_set
-from .storage import LocalStorage
-from .storage.base import Progress
-from .store import Chain, as_chain, file_digest
+from ..reading import parts
+from ..reading.fetch import fetch_link, materialize_snapshot
+from ..reading.local import checkpoint_files, digest_of_path
+from ..reading.partial import read_remote_header
+from ..reading.parts import check_part_set
+from ..storage import LocalStorage
+from ..storage.base import Progress
+from ..store import Chain, as_chain, file_digest
 
 
 def upload_snapshot(
@@ -58,7 +58,7 @@ def upload_snapshot(
 
 
 def _single_name(path: Path) -> str:
-    from ..checkpoint.source import recorded_name
+    from ...checkpoint.source import recorded_name
 
     return recorded_name(path)
 
@@ -170,10 +170,10 @@ def append_delta(
     chain.upload(delta_key(digest), delta, digest, "blake3", progress)
     snap = upload_snapshot(chain, 0, snapshot, progress) if snapshot is not None else None
     link_of = partial(Link, digest=digest, size=size, reversible=reversible)
-    return chain.publish(_appending(src, dst, step, metadata, link_of, snap))
+    return chain.publish(append_update(src, dst, step, metadata, link_of, snap))
 
 
-def _appending(
+def append_update(
     src: str, dst: str, step: int | None, metadata: Mapping[str, str] | None,
     link_of: Callable[..., Link], snap: Snapshot | None,
 ) -> Callable[[Manifest], Manifest]:  # fmt: skip
@@ -235,7 +235,7 @@ def append_parts(
     if chain.head().by_digest(versions[0]) is None:
         raise BaseMismatchError("the base of the parts is not a version of the chain")
     link_of = partial(multi_part_link, parts=tuple(files), reversible=reversible)
-    return chain.publish(_appending(*versions, step, metadata, link_of, snapshot))
+    return chain.publish(append_update(*versions, step, metadata, link_of, snapshot))
 
 
 def log_rows(m: Manifest) -> list[dict[str, Any]]:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..arguments import PathLike, check_int
-from ..errors import BadArgumentError
-from ..format.digest import digest_bytes
-from . import graph
-from .errors import ChainBrokenError
-from .manifest import Link, Manifest, Snapshot, revision_key, unreachable_versions
-from .store import Chain, as_chain
+from ...arguments import PathLike, check_int
+from ...errors import BadArgumentError
+from ...format.digest import digest_bytes
+from ..errors import ChainBrokenError
+from ..model import graph
+from ..model.manifest import Link, Manifest, Snapshot, revision_key, unreachable_versions
+from ..store import Chain, as_chain
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ import os
 import shutil
 from pathlib import Path
 
-from ..checkpoint.source import Checkpoint, open_checkpoint
-from ..errors import BadArgumentError, StorageError
-from ..format.digest import TensorIdentity, checkpoint_digest, new_hasher
-from ..io.atomic import fsync_dir, temp_name
+from ...checkpoint.source import Checkpoint, open_checkpoint
+from ...errors import BadArgumentError, StorageError
+from ...format.digest import TensorIdentity, checkpoint_digest, new_hasher
+from ...io.atomic import fsync_dir, temp_name
 
 READ_ELEMENTS = 1 << 22
 VERSION_KEY = "wdelta.chain.version"

@@ -30,23 +30,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..arguments import PathLike, as_path, check_optional_int, check_seconds
-from ..errors import BadArgumentError, DeltaFormatError, WdeltaError
-from ..io.atomic import temp_name
-from ..io.destination import check_kind, overlaps
-from ..ops import api
-from . import acceptance, cachegc, graph, partial, parts
-from .backoff import Backoff
-from .errors import ChainBrokenError, NotFoundError
+from ...arguments import PathLike, as_path, check_optional_int, check_seconds
+from ...errors import BadArgumentError, DeltaFormatError, WdeltaError
+from ...io.atomic import temp_name
+from ...io.destination import check_kind, overlaps
+from ...ops import api
+from ..errors import ChainBrokenError, NotFoundError
+from ..model import graph
+from ..model.manifest import Manifest, Version
+from ..storage.backoff import Backoff
+from ..storage.base import Progress
+from ..storage.local import LocalStorage
+from ..store import Chain, as_chain
+from ..trust import acceptance
+from ..trust.freshness import check_fresh, check_max_age
+from ..trust.updater import Trust, as_trust, keep_roots_beside
+from . import cachegc, partial, parts
 from .fetch import check_link_header, fetch_link, materialize_snapshot
-from .freshness import check_fresh, check_max_age
 from .local import digest_of_path, partial_marker, replace_checkpoint
-from .manifest import Manifest, Version
 from .partial_snapshot import extract_remote
-from .storage.base import Progress
-from .storage.local import LocalStorage
-from .store import Chain, as_chain
-from .trust import Trust, as_trust, keep_roots_beside
 
 _REPLANS = 3
 

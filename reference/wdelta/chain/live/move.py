@@ -32,26 +32,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..arguments import PathLike, check_mapping
-from ..errors import BadArgumentError, WdeltaError
-from ..format.container import open_delta
-from ..format.header import Header
-from ..ops import api
-from ..ops import tensors as live_tensors
-from ..ops.inplace import apply_inplace
-from ..ops.tensors import Select
-from . import cachegc, graph, parts
-from .acceptance import Tracker
-from .errors import ChainBrokenError
-from .fetch import check_link_header, evicting
-from .freshness import check_fresh, check_max_age
-from .live import Applied, _apply_link, _keep_roots, _start, load
-from .manifest import Link, Manifest, Version
-from .partial import read_remote_header
-from .pull import hop_files
-from .storage.base import Progress
-from .store import Chain, as_chain
-from .trust import Trust, as_trust
+from ...arguments import PathLike, check_mapping
+from ...errors import BadArgumentError, WdeltaError
+from ...format.container import open_delta
+from ...format.header import Header
+from ...ops import api
+from ...ops import tensors as live_tensors
+from ...ops.inplace import apply_inplace
+from ...ops.tensors import Select
+from ..errors import ChainBrokenError
+from ..model import graph
+from ..model.manifest import Link, Manifest, Version
+from ..reading import cachegc, parts
+from ..reading.fetch import check_link_header, evicting
+from ..reading.partial import read_remote_header
+from ..reading.pull import hop_files
+from ..storage.base import Progress
+from ..store import Chain, as_chain
+from ..trust.acceptance import Tracker
+from ..trust.freshness import check_fresh, check_max_age
+from ..trust.updater import Trust, as_trust
+from .weights import Applied, apply_link, keep_roots, load, start_version
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def _head(chain: Chain, o: _Options) -> tuple[Manifest, str, Tracker]:
     if o.trust is not None:
         chain.trust = as_trust(o.trust)
     tracker = Tracker(o.state, o.accept_rollback, o.allow_unsigned)
-    _keep_roots(chain, o.state)
+    keep_roots(chain, o.state)
     m, digest = tracker.head(chain)
     check_fresh(m, check_max_age(o.max_age))
     return m, digest, tracker
@@ -177,7 +178,7 @@ def prefetch(
     c = as_chain(chain)
     m, _, _ = _head(c, _Options(trust, state, accept_rollback, allow_unsigned, max_age))
     goal = m.version(to).number
-    start = _start(m, {}, at, partial=True)
+    start = start_version(m, {}, at, partial=True)
     hops = plan_move(c, m, start, goal)
     hops = _jump_plan(c, m, goal) if hops is None else hops
     count = _Counter(progress)
@@ -238,7 +239,7 @@ def move_weights(
     o = _Options(trust, state, accept_rollback, allow_unsigned, max_age)
     m, digest, tracker = _head(c, o)
     goal = m.version(to)
-    start = _start(m, weights, at, tensors is not None)
+    start = start_version(m, weights, at, tensors is not None)
     count = _Counter(progress, on_link=on_link)
     hops = plan_move(c, m, start, goal.number)
     if hops is None:
@@ -295,7 +296,7 @@ def _apply_hop(
     """Apply ``link`` in place (all or nothing); the names it changes or adds, and the
     link applied (kept open: its bytes undo it)."""
     changed = link_changes(chain, m, link, reverse)
-    return changed, _apply_link(chain, m, link, weights, reverse, tensors, threads)
+    return changed, apply_link(chain, m, link, weights, reverse, tensors, threads)
 
 
 def _undo(applied: list[tuple[Link, Applied]], weights: MutableMapping[str, Any],

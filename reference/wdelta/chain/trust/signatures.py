@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import BadArgumentError, StorageError
-from ..io.filekind import os_message
-from .manifest import revision_of_key
-from .storage.base import Storage
-from .trust import Trust
+from ...errors import BadArgumentError, StorageError
+from ...io.filekind import os_message
+from ..model.manifest import revision_of_key
+from ..storage.base import Storage
+from .updater import Trust
 
 
 def check_signatures(manifest: Path, storage: Storage, trust: Path | Trust) -> list[str]:

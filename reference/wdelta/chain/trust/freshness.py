@@ -12,10 +12,10 @@ import math
 import re
 import time
 
-from ..errors import BadArgumentError
-from .errors import FrozenError
-from .manifest import Manifest
-from .trust import parse_time
+from ...errors import BadArgumentError
+from ..errors import FrozenError
+from ..model.manifest import Manifest
+from .updater import parse_time
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")

@@ -19,8 +19,8 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..errors import StorageError, WdeltaError
-from ..io.filekind import os_message
+from ...errors import StorageError, WdeltaError
+from ...io.filekind import os_message
 
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
           (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip

@@ -22,12 +22,12 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from ..errors import BadArgumentError, StorageError
-from ..format import strictjson
-from ..io.atomic import atomic_file
-from ..io.filekind import document_refusal, os_message
-from ..limits import MAX_DOCUMENT_BYTES
-from .smallfile import read_regular
+from ...errors import BadArgumentError, StorageError
+from ...format import strictjson
+from ...io.atomic import atomic_file
+from ...io.filekind import document_refusal, os_message
+from ...limits import MAX_DOCUMENT_BYTES
+from ..storage.smallfile import read_regular
 
 PRIVATE_FORMAT = "wdelta-signing-key"
 PUBLIC_FORMAT = "wdelta-public-key"

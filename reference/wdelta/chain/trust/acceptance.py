@@ -25,18 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..arguments import PathLike, as_path
-from ..errors import BadArgumentError, StorageError, WdeltaError
-from ..format import schemas, strictjson
-from ..format.digest import digest_bytes
-from ..io.atomic import atomic_file
-from ..io.filekind import os_message
-from ..io.output_file import pwrite_all
-from .errors import ManifestInvalidError, SignatureInvalidError
-from .manifest import Manifest, read_manifest, utc_now
-from .smallfile import read_regular
-from .storage.base import Storage
-from .trust import Trust
+from ...arguments import PathLike, as_path
+from ...errors import BadArgumentError, StorageError, WdeltaError
+from ...format import schemas, strictjson
+from ...format.digest import digest_bytes
+from ...io.atomic import atomic_file
+from ...io.filekind import os_message
+from ...io.output_file import pwrite_all
+from ..errors import ManifestInvalidError, SignatureInvalidError
+from ..model.manifest import Manifest, read_manifest, utc_now
+from ..storage.base import Storage
+from ..storage.smallfile import read_regular
+from .updater import Trust
 
 FORMAT = "wdelta-chain-accepted"
 # Version 2 adds ``trust``; an old reader refuses it (its schema says 1) rather than

@@ -19,22 +19,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint.safetensors_header import TensorLayout as Layout
-from ..checkpoint.safetensors_header import build_header, parse_header
-from ..errors import ChecksumMismatchError, DeltaFormatError
-from ..format.digest import TensorIdentity, checkpoint_digest, new_hasher
-from ..format.header import Header
-from ..io.atomic import atomic_file
-from ..io.output_file import pwrite_all
-from ..limits import MAX_INPUT_HEADER_BYTES
-from ..ops.decoder import init_file
-from .errors import ChainBrokenError
+from ...checkpoint.safetensors_header import TensorLayout as Layout
+from ...checkpoint.safetensors_header import build_header, parse_header
+from ...errors import ChecksumMismatchError, DeltaFormatError
+from ...format.digest import TensorIdentity, checkpoint_digest, new_hasher
+from ...format.header import Header
+from ...io.atomic import atomic_file
+from ...io.output_file import pwrite_all
+from ...limits import MAX_INPUT_HEADER_BYTES
+from ...ops.decoder import init_file
+from ..errors import ChainBrokenError
+from ..model.manifest import Link, Manifest, Snapshot
+from ..storage.base import Progress, Storage
 from .fetch import check_link_header
 from .local import TENSORS_KEY, VERSION_KEY
-from .manifest import Link, Manifest, Snapshot
 from .partial import RANGE_WINDOW, matches, read_remote_header
 from .parts import check_parts
-from .storage.base import Progress, Storage
 
 
 def proven_tensors(

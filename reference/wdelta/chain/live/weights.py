@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arguments import (
+from ...arguments import (
     PathLike,
     as_path,
     check_int,
@@ -44,34 +44,35 @@ from ..arguments import (
     check_optional_int,
     check_seconds,
 )
-from ..checkpoint.safetensors_header import build_header
-from ..checkpoint.source import Checkpoint, Words, open_checkpoint
-from ..errors import BadArgumentError, BaseMismatchError, StorageError, WdeltaError
-from ..format.container import open_delta
-from ..format.digest import TensorIdentity, checkpoint_digest
-from ..format.dtypes import to_numpy
-from ..io.atomic import atomic_file
-from ..io.output_file import pwrite_all
-from ..limits import MAX_CHUNK_ELEMENTS
-from ..ops import api
-from ..ops import tensors as live
-from ..ops.decoder import init_file
-from ..ops.encoder import DiffOptions, diff_checkpoints
-from ..ops.inplace import apply_inplace, apply_opened, apply_unchecked
-from ..ops.pipeline import ordered_map, runs_locally
-from ..ops.tensors import Select, Slot
-from . import cachegc, graph, parts
-from .acceptance import Tracker
-from .errors import ChainBrokenError, NotFoundError
-from .fetch import evicting, fetch_link
-from .freshness import check_fresh, check_max_age
-from .manifest import Link, Manifest, Version
-from .ops import AppendOptions, append_delta, init
-from .pull import pull
-from .remote_delta import RemoteDelta
-from .storage.base import Progress
-from .store import Chain, as_chain
-from .trust import Trust, as_trust, keep_roots_beside
+from ...checkpoint.safetensors_header import build_header
+from ...checkpoint.source import Checkpoint, Words, open_checkpoint
+from ...errors import BadArgumentError, BaseMismatchError, StorageError, WdeltaError
+from ...format.container import open_delta
+from ...format.digest import TensorIdentity, checkpoint_digest
+from ...format.dtypes import to_numpy
+from ...io.atomic import atomic_file
+from ...io.output_file import pwrite_all
+from ...limits import MAX_CHUNK_ELEMENTS
+from ...ops import api
+from ...ops import tensors as live
+from ...ops.decoder import init_file
+from ...ops.encoder import DiffOptions, diff_checkpoints
+from ...ops.inplace import apply_inplace, apply_opened, apply_unchecked
+from ...ops.pipeline import ordered_map, runs_locally
+from ...ops.tensors import Select, Slot
+from ..errors import ChainBrokenError, NotFoundError
+from ..model import graph
+from ..model.manifest import Link, Manifest, Version
+from ..reading import cachegc, parts
+from ..reading.fetch import evicting, fetch_link
+from ..reading.pull import pull
+from ..reading.remote_delta import RemoteDelta
+from ..storage.base import Progress
+from ..store import Chain, as_chain
+from ..trust.acceptance import Tracker
+from ..trust.freshness import check_fresh, check_max_age
+from ..trust.updater import Trust, as_trust, keep_roots_beside
+from ..writing.append import AppendOptions, append_delta, init
 
 _WRITE_ELEMENTS = 1 << 22
 log = logging.getLogger("wdelta.chain")
@@ -173,11 +174,11 @@ class Publisher:
             # Overwritten in place: until the copy completes there is no previous copy.
             self._previous = None
             copy = _host_copy(weights, reuse, self.options.threads)
-            self._digests = _digests(copy, self.options.threads)
+            self._digests = tensor_digests(copy, self.options.threads)
             self._previous = copy
             return
         save_weights(weights, self.keep, overwrite=True)
-        self._digests = _digests(weights, self.options.threads)  # the bytes just saved
+        self._digests = tensor_digests(weights, self.options.threads)  # the bytes just saved
         self._previous = self.keep
 
     def publish(
@@ -273,7 +274,7 @@ def _as_checkpoint(source: Mapping[str, Any] | Path) -> Iterator[Checkpoint]:
         yield ckpt
 
 
-def _digests(weights: Mapping[str, Any], threads: int) -> dict[str, str]:
+def tensor_digests(weights: Mapping[str, Any], threads: int) -> dict[str, str]:
     """Each tensor's digest (SPEC §9.3), hashed on ``threads`` threads."""
     slots = [live.slot(name, value) for name, value in weights.items()]
     found = ordered_map(lambda s: s.digest(), slots, threads, 1,
@@ -311,7 +312,7 @@ def load(
     chain = as_chain(chain)
     if trust is not None:
         chain.trust = as_trust(trust)
-    _keep_roots(chain, state)
+    keep_roots(chain, state)
     cache = chain.cache
     with tempfile.TemporaryDirectory(prefix="wdelta-load-") as tmp:
         local = Path(tmp) / "model.safetensors"
@@ -323,7 +324,7 @@ def load(
         return _load_all(local, tensors, device), result.version
 
 
-def _keep_roots(chain: Chain, state: PathLike | None) -> None:
+def keep_roots(chain: Chain, state: PathLike | None) -> None:
     """With a trust policy and a ``state`` file, the newest trust root walked to is
     kept beside that file (``.STATE.wdelta-root.json``) and resumed from, as ``pull``
     keeps it beside its checkpoint; without a state file it lives in memory only."""
@@ -342,7 +343,9 @@ def needs_state(chain: Chain, state: PathLike | None) -> None:
         )
 
 
-def _start(m: Manifest, weights: Mapping[str, Any], at: str | int | None, partial: bool) -> int:
+def start_version(
+    m: Manifest, weights: Mapping[str, Any], at: str | int | None, partial: bool
+) -> int:
     """The number of the weights' version; a number pruned from the manifest is kept
     (the node then jumps to the head, see :func:`_jump`)."""
     if isinstance(at, int) and not isinstance(at, bool) and 0 <= at <= m.head.number:
@@ -366,7 +369,7 @@ def _advance(
     yielding each version reached; the head revision is accepted once the weights
     reached its head (and, with ``max_age`` seconds, only if it was published within
     them), and returned."""
-    _keep_roots(chain, tracker.path)
+    keep_roots(chain, tracker.path)
     m, digest = tracker.head(chain)
     check_fresh(m, max_age)
     plan = None
@@ -382,7 +385,7 @@ def _advance(
             link = hop.link
             assert link is not None
             applied = evicting(chain, link.files, functools.partial(
-                _apply_link, chain, m, link, weights, hop.reverse, tensors, threads))  # fmt: skip
+                apply_link, chain, m, link, weights, hop.reverse, tensors, threads))  # fmt: skip
             applied.close()
             yield m.version(hop.version)
     tracker.accept(chain, m, digest)
@@ -432,7 +435,7 @@ class Applied:
             d.close()
 
 
-def _apply_link(
+def apply_link(
     chain: Chain, m: Manifest, link: Link, weights: MutableMapping[str, Any], reverse: bool,
     tensors: Select, threads: int,
 ) -> Applied:  # fmt: skip
@@ -536,7 +539,7 @@ def follow_weights(
         raise BadArgumentError("following a chain needs a cache folder (Chain(..., cache=))")
     needs_state(chain, state)
     tracker = Tracker(state, accept_rollback, allow_unsigned)
-    _keep_roots(chain, state)
+    keep_roots(chain, state)
     f = _Follower(chain, weights, tracker, tensors, threads, max_age, bool(recover))
     f.current = f.start(at)
     polls = 0
@@ -573,7 +576,7 @@ class _Follower:
         """The weights' version; None if they are none and ``recover`` was asked."""
         m = self.tracker.head(self.chain)[0]
         try:
-            return _start(m, self.weights, at, self.tensors is not None)
+            return start_version(m, self.weights, at, self.tensors is not None)
         except NotFoundError as exc:
             if not self.recover or at is not None:
                 raise

@@ -1,0 +1,2 @@
+"""The chain manifest model: versions, links, snapshots (rules CH-1..CH-9) and the
+cheapest path between versions; pure data."""

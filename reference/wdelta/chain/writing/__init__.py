@@ -1,0 +1,1 @@
+"""Into the store: ``init``, ``append``, ``squash``, ``prune``."""
