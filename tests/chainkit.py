@@ -93,6 +93,15 @@ class S3Server:
         self.client().create_bucket(Bucket=name)
         return name
 
+    def bucket_holding(self, folder: Path, prefix: str) -> str:
+        """A new bucket holding every file below ``folder`` under ``prefix`` (a chain
+        written locally, served from S3)."""
+        bucket = self.new_bucket()
+        client = self.client()
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder)}")
+        return bucket
+
     def stop(self) -> None:
         self.server.stop()
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from chainkit import S3Server
+from chainkit import S3Server, free_port
 from wdelta.format import inline_blobs
 
 # derandomize: every run draws the same examples, so a red CI run reproduces
@@ -38,3 +39,13 @@ def s3() -> Iterator[S3Server]:
     server = S3Server()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def group() -> Iterator[None]:
+    """A torch.distributed gloo group of one rank (this process), for collective code."""
+    dist = pytest.importorskip("torch.distributed")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=30))  # fmt: skip
+    yield
+    dist.destroy_process_group()

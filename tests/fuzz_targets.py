@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hypothesis import strategies as st
 
 import wdelta
-from kit import RawTensor, leftovers, safetensors_bytes, write_sharded
+from kit import Delta, RawTensor, leftovers, safetensors_bytes, write_sharded
 from wdelta.chain.errors import CHAIN_CATEGORIES
 from wdelta.chain.model.manifest import parse_manifest
 from wdelta.checkpoint.source import open_checkpoint
@@ -163,3 +164,18 @@ def work_folder(root: Path) -> Path:
     folder = root / f"w{os.getpid()}"
     folder.mkdir(exist_ok=True)
     return folder
+
+
+def blob_edited(seeds: Seeds, data: st.DataObject, work: Path) -> Path:
+    """The seed delta with one blob's payload flipped or cut, re-stored with a fresh
+    checksum (so the edit reaches the decoder), written to ``work``."""
+    (work / "seed.wdelta").write_bytes(seeds.v1_bytes)
+    d = Delta.read(work / "seed.wdelta")
+    i = data.draw(st.integers(0, len(d.blobs) - 1))
+    payload = bytearray(d.payload(i))
+    if payload and data.draw(st.booleans()):
+        payload[data.draw(st.integers(0, len(payload) - 1))] ^= data.draw(st.integers(1, 255))
+    else:
+        payload = payload[: data.draw(st.integers(0, len(payload)))]
+    d.set_payload(i, bytes(payload), data.draw(st.sampled_from(["none", "zstd"])))
+    return d.write(work / "edited.wdelta")

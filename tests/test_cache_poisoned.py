@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from test_chain_distributed_unit import group  # noqa: F401 (a fixture)
 from test_chain_follow_weights import copy, publisher, same
 from test_chain_parts import published
 from wdelta import chain

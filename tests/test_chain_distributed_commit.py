@@ -3,15 +3,12 @@ error carries ``published_revision`` (a gloo group of one rank, in this process)
 
 from __future__ import annotations
 
-import datetime
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from chainkit import free_port
 from wdelta import chain
 from wdelta.chain.errors import ConflictError
 from wdelta.chain.live import distributed
@@ -19,14 +16,6 @@ from wdelta.errors import StorageError
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
-
-
-@pytest.fixture
-def group() -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=30))  # fmt: skip
-    yield
-    dist.destroy_process_group()
 
 
 def weights(seed: int) -> dict[str, Any]:

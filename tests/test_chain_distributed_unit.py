@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import builtins
-import datetime
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from chainkit import free_port
 from wdelta import chain
 from wdelta import errors as wdelta_errors
 from wdelta.chain.errors import ChainBrokenError
@@ -31,14 +28,6 @@ def weights(seed: int) -> dict[str, Any]:
 def stepped(w: dict[str, Any], seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     return {n: np.where(rng.random(a.shape) < 0.1, a + a.dtype.type(0.5), a) for n, a in w.items()}
-
-
-@pytest.fixture
-def group() -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=30))  # fmt: skip
-    yield
-    dist.destroy_process_group()
 
 
 def test_assign_by_bytes_balances_whole_tensors() -> None:

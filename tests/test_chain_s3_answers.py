@@ -160,10 +160,7 @@ def test_a_follower_keeps_its_version_past_malformed_listings_and_retries(
 ) -> None:
     s = signed_chain(tmp_path)
     s.publish()
-    bucket = s3.new_bucket()
-    honest = s3_backend.S3Storage(bucket, "m", client=s3.client())
-    for path in sorted(p for p in s.store.rglob("*") if p.is_file()):
-        honest.put_file(str(path.relative_to(s.store)), path)
+    bucket = s3.bucket_holding(s.store, "m")
     bad = [http_answer(200, {}, _page(size="big"))]
     listed = itertools.count()
     hostile.play = lambda m, t: bad if "list-type" in t and next(listed) < 2 else None

@@ -238,10 +238,7 @@ def test_a_node_keeps_its_version_past_an_endless_listing(
 ) -> None:
     s = signed_chain(tmp_path)
     s.publish()
-    bucket = s3.new_bucket()
-    honest = s3_backend.S3Storage(bucket, "m", client=s3.client())
-    for path in sorted(p for p in s.store.rglob("*") if p.is_file()):
-        honest.put_file(str(path.relative_to(s.store)), path)
+    bucket = s3.bucket_holding(s.store, "m")
     st = s3_backend.S3Storage(bucket, "m", client=s3.client(hostile.endpoint))
     monkeypatch.setattr(s3_backend, "MAX_PAGES", 20)
     served = [0]

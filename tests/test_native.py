@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 import test_conformance as suite
 import wdelta
-from fuzz_targets import Seeds, work_folder
-from kit import DTYPES, SPECIALS, Delta, RawTensor, safetensors_bytes, word_dtype
+from fuzz_targets import Seeds, blob_edited, work_folder
+from kit import DTYPES, SPECIALS, RawTensor, safetensors_bytes, word_dtype
 from wdelta.codec import blob, native, positions
 from wdelta.codec import chunk as chunk_codec
 from wdelta.conformance import Reference
@@ -357,16 +357,7 @@ def test_mutated_blobs_same_outcome_on_both_paths(seeds: Seeds, data: st.DataObj
     # tests/test_fuzz.py's blob edits (fresh checksums, so they reach the decoder):
     # both paths rebuild the same bytes or refuse with the same category.
     work = work_folder(seeds.folder)
-    (work / "seed.wdelta").write_bytes(seeds.v1_bytes)
-    d = Delta.read(work / "seed.wdelta")
-    i = data.draw(st.integers(0, len(d.blobs) - 1))
-    payload = bytearray(d.payload(i))
-    if payload and data.draw(st.booleans()):
-        payload[data.draw(st.integers(0, len(payload) - 1))] ^= data.draw(st.integers(1, 255))
-    else:
-        payload = payload[: data.draw(st.integers(0, len(payload)))]
-    d.set_payload(i, bytes(payload), data.draw(st.sampled_from(["none", "zstd"])))
-    delta = d.write(work / "edited.wdelta")
+    delta = blob_edited(seeds, data, work)
     outcomes = both(lambda: _apply_outcome(seeds, delta, work))
     assert outcomes[0] == outcomes[1]
 
