@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from kit import RawTensor, safetensors_bytes
-from test_chain_distributed_unit import group  # noqa: F401 (a fixture)
 from test_cli import ENV, WDELTA, assert_error, run
 from wdelta import cli
 from wdelta.io.filekind import os_message
