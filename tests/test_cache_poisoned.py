@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,15 @@ def plant_part(tmp: Path, c: chain.Chain, cache: Path) -> str:
     return first.digest
 
 
+def poisoned_node(tmp: Path) -> tuple[chain.Chain, list[Any]]:
+    """A node of a two-step multi-part chain whose cache holds a planted part, and the
+    weights of each version."""
+    c, history = published(tmp, 2)
+    cache = tmp / "node-cache"
+    plant_part(tmp, c, cache)
+    return chain.Chain(chain.LocalStorage(tmp / "store"), cache), history
+
+
 def test_pull_evicts_a_planted_part(tmp_path: Path) -> None:
     c, history = published(tmp_path, 2)
     cache = tmp_path / "node-cache"
@@ -42,10 +52,7 @@ def test_pull_evicts_a_planted_part(tmp_path: Path) -> None:
 
 
 def test_follower_evicts_a_planted_part(tmp_path: Path) -> None:
-    c, history = published(tmp_path, 2)
-    cache = tmp_path / "node-cache"
-    plant_part(tmp_path, c, cache)
-    node = chain.Chain(chain.LocalStorage(tmp_path / "store"), cache)
+    node, history = poisoned_node(tmp_path)
     weights = copy(history[1])
     errors: list[object] = []
     follower = chain.follow_weights(node, weights, at=1, interval=0, max_polls=1,
@@ -59,10 +66,7 @@ def test_follower_evicts_a_planted_part(tmp_path: Path) -> None:
 def test_group_follower_evicts_a_planted_part(tmp_path: Path) -> None:
     from wdelta.chain.live.group_follow import follow_in_group
 
-    c, history = published(tmp_path, 2)
-    cache = tmp_path / "node-cache"
-    plant_part(tmp_path, c, cache)
-    node = chain.Chain(chain.LocalStorage(tmp_path / "store"), cache)
+    node, history = poisoned_node(tmp_path)
     weights = copy(history[1])
     got = list(follow_in_group(node, weights, at=1, interval=0, max_polls=1))
     assert [v.number for v in got] == [2]
@@ -70,10 +74,7 @@ def test_group_follower_evicts_a_planted_part(tmp_path: Path) -> None:
 
 
 def test_move_evicts_a_planted_part(tmp_path: Path) -> None:
-    c, history = published(tmp_path, 2)
-    cache = tmp_path / "node-cache"
-    plant_part(tmp_path, c, cache)
-    node = chain.Chain(chain.LocalStorage(tmp_path / "store"), cache)
+    node, history = poisoned_node(tmp_path)
     weights = copy(history[1])
     assert chain.move_weights(node, weights, at=1, to=2).version.number == 2
     assert same(weights, history[2])
