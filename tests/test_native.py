@@ -42,14 +42,15 @@ from wdelta.policy import values as values_policy
 
 R = TypeVar("R")
 BUILT = native._load() is not None
+MODES = ["1", native.PORTABLE]  # WDELTA_NATIVE values that take the kernels
 needs_kernels = pytest.mark.skipif(not BUILT, reason="the native kernels are not built here")
 
 
 @contextmanager
-def path(on: bool) -> Iterator[None]:
-    """Run with the native kernels on or off."""
+def path(on: bool | str) -> Iterator[None]:
+    """Run with the native kernels on or off (or a ``WDELTA_NATIVE`` value: ``portable``)."""
     old = os.environ.get(native.ENV)
-    os.environ[native.ENV] = "1" if on else "0"
+    os.environ[native.ENV] = on if isinstance(on, str) else "1" if on else "0"
     try:
         yield
     finally:
@@ -77,7 +78,10 @@ def test_native_kernels_are_built_where_a_compiler_exists() -> None:
         pytest.skip("no C compiler: the NumPy path is the whole package")
     assert BUILT
     with path(True):
-        assert native.backend() == "native"
+        assert native.backend().startswith("native (")
+    with path(native.PORTABLE):
+        assert native.backend() == "native (portable C, WDELTA_NATIVE=portable)"
+        assert not native.simd()
     with path(False):
         assert native.backend().startswith("numpy")
 
@@ -209,25 +213,49 @@ def test_changes_kernel_matches_numpy(
     pair: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]],
 ) -> None:
     base, target = pair
-    with path(True):
-        count = int((base != target).sum())
-        assert count == 0 or native.changes(base, target, count - 1) is None
-        found = native.changes(base, target, len(base))
-    assert found is not None
-    pos, words = found
+    count = int((base != target).sum())
     want = np.flatnonzero(base != target)
-    assert pos.tolist() == want.tolist()
-    assert words["xor"].tobytes() == (target[want] ^ base[want]).tobytes()
-    assert (
-        words["sub"].tobytes()
-        == chunk_policy.transform.encode("sub", base[want], target[want]).tobytes()
-    )
+    for mode in MODES:  # the vector pass (where the CPU has it) and the portable one
+        with path(mode):
+            assert count == 0 or native.changes(base, target, count - 1) is None
+            found = native.changes(base, target, len(base))
+        assert found is not None
+        pos, words = found
+        assert pos.tolist() == want.tolist()
+        assert words["xor"].tobytes() == (target[want] ^ base[want]).tobytes()
+        assert (
+            words["sub"].tobytes()
+            == chunk_policy.transform.encode("sub", base[want], target[want]).tobytes()
+        )
     mask = base != target
     estimates = both(lambda: transform_policy.value_bits_each(words["xor"], words["sub"]))
     assert estimates[0] == estimates[1]  # to the last bit: the same histograms
     idx = transform_policy.window_index(pos, len(base))
     sampled = pos if idx is None else pos[idx]
     assert sampled.tolist() == transform_policy.sample_mask(mask, len(pos)).tolist()
+
+
+@needs_kernels
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("mode", ["1", native.PORTABLE])
+def test_changes_kernel_at_every_lane_and_limit(size: int, mode: str) -> None:
+    # One changed element at each offset of several vector registers and of the tail
+    # (whole-register stores past the last entry must stay in the outputs' slack), and
+    # the limit met exactly and missed by one, at the start, middle and end of a chunk.
+    dtype = word_dtype(size)
+    m = 4 * 64 * 4 + 37  # four register groups of the widest lanes, then a ragged tail
+    base = np.arange(m, dtype=dtype)
+    with path(mode):
+        for at in range(m):
+            target = base.copy()
+            target[at] ^= dtype.type(1 << (8 * size - 1))
+            pos, words = native.changes(base, target, 1) or (None, {})
+            assert pos is not None and pos.tolist() == [at]
+            assert int(words["xor"][0]) == 1 << (8 * size - 1)
+        target = base ^ dtype.type(1)
+        assert native.changes(base, target, m - 1) is None
+        found = native.changes(base, target, m)
+        assert found is not None and found[0].tolist() == list(range(m))
 
 
 @needs_kernels
@@ -327,10 +355,11 @@ def test_native_changes_at_any_density_match_numpy(
     base, target = pair
     with path(False):
         want = _parts(chunk_policy._changes(base, target))
-    with path(True):
-        found = native.changes(base, target, len(base))
-        assert found is not None
-        assert _parts(chunk_policy._native_changes(base, target, *found)) == want
+    for mode in MODES:
+        with path(mode):
+            found = native.changes(base, target, len(base))
+            assert found is not None
+            assert _parts(chunk_policy._native_changes(base, target, *found)) == want
 
 
 @pytest.fixture(scope="module")

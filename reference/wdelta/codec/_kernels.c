@@ -26,37 +26,53 @@ static inline uint64_t nonzero_lanes(uint64_t x, uint64_t high) {
     return (((x & low) + low) | x) & high;
 }
 
-/* One pass over a chunk: the positions where the size-byte elements of base and target
- * differ, in increasing order, and at each the words of both transforms, t ^ b and
- * zigzag(t - b), into outputs with room for cap; returns how many, or -1 as soon as
- * more than cap differ (the outputs are then partial).  64 bytes are
- * compared at a time and skipped when equal; in a block that differs, each differing
- * element is found from the set bits of its words' lane masks. */
+/* The lane bits of nonzero_lanes gathered into the low 8 / size bits (bit j: lane j).
+ * The multipliers move each lane's top bit to its own bit of the high byte or nibble;
+ * no two partial products share a bit, so nothing carries into the result. */
+static inline uint64_t lane_bits(uint64_t lanes, int size) {
+    switch (size) {
+    case 1: return ((lanes >> 7) * 0x0102040810204080ULL) >> 56;
+    case 2: return (((lanes >> 15) * 0x0001000200040008ULL) >> 48) & 0xF;
+    case 4: return ((lanes >> 31) & 1) | (lanes >> 62);
+    default: return lanes >> 63;
+    }
+}
+
+/* Outputs of the change pass have room for cap + CHANGES_SLACK entries: the vector
+ * path stores whole registers (up to 64 lanes) past the last entry it keeps. */
+#define CHANGES_SLACK 64
+
+/* The portable pass over elements from..m of a chunk: appends to the n entries found
+ * so far the positions where the size-byte elements of base and target differ, in
+ * increasing order, and at each the words of both transforms, t ^ b and zigzag(t - b);
+ * returns the new count, or -1 as soon as more than cap differ (outputs then partial).
+ * 64 bytes are compared at a time and skipped when equal; in a block that differs, the
+ * differing lanes become one bit mask whose set bits are visited in order, so the only
+ * unpredictable branch is that loop's exit. */
 #define CHANGES(S, T, HIGH)                                                             \
-    static int64_t changes##S(const T *b, const T *t, int64_t m, int64_t cap, int64_t *pos, \
-                              T *xr, T *sb) {                                           \
-        int64_t n = 0, i = 0;                                                           \
+    static int64_t changes##S(const T *b, const T *t, int64_t from, int64_t m, int64_t cap, \
+                              int64_t *pos, T *xr, T *sb, int64_t n) {                  \
+        int64_t i = from;                                                               \
         const int per = 8 / S, block = 64 / S;                                          \
         for (; i + block <= m; i += block) {                                            \
-            uint64_t x[8], any = 0;                                                     \
+            uint64_t x[8], any = 0, mask = 0;                                           \
             for (int w = 0; w < 8; w++) {                                               \
                 x[w] = load64((const uint8_t *)(b + i) + 8 * w) ^                       \
                        load64((const uint8_t *)(t + i) + 8 * w);                        \
                 any |= x[w];                                                            \
             }                                                                           \
             if (!any) continue;                                                         \
-            for (int w = 0; w < 8; w++) {                                               \
-                uint64_t lanes = nonzero_lanes(x[w], HIGH);                             \
-                while (lanes) {                                                         \
-                    if (n == cap) return -1;                                            \
-                    int64_t e = i + w * per + __builtin_ctzll(lanes) / (8 * S);         \
-                    T d = (T)(t[e] - b[e]);                                             \
-                    pos[n] = e;                                                         \
-                    xr[n] = (T)(t[e] ^ b[e]);                                           \
-                    sb[n] = (T)((T)(d << 1) ^ (T)(0 - (d >> (8 * S - 1))));             \
-                    n++;                                                                \
-                    lanes &= lanes - 1;                                                 \
-                }                                                                       \
+            for (int w = 0; w < 8; w++)                                                 \
+                mask |= lane_bits(nonzero_lanes(x[w], HIGH), S) << (w * per);           \
+            if (n + __builtin_popcountll(mask) > cap) return -1;                        \
+            while (mask) {                                                              \
+                int64_t e = i + __builtin_ctzll(mask);                                  \
+                T d = (T)(t[e] - b[e]);                                                 \
+                pos[n] = e;                                                             \
+                xr[n] = (T)(t[e] ^ b[e]);                                               \
+                sb[n] = (T)((T)(d << 1) ^ (T)(0 - (d >> (8 * S - 1))));                 \
+                n++;                                                                    \
+                mask &= mask - 1;                                                       \
             }                                                                           \
         }                                                                               \
         for (; i < m; i++) {                                                            \
@@ -75,11 +91,119 @@ CHANGES(2, uint16_t, 0x8000800080008000ULL)
 CHANGES(4, uint32_t, 0x8000000080000000ULL)
 CHANGES(8, uint64_t, 0x8000000000000000ULL)
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* The AVX-512 pass (F, BW and VBMI2: Ice Lake, Zen 4 and later), chosen at run time:
+ * a register of lanes is compared at once, and the differing lanes' positions and words
+ * are compressed into the outputs without a branch per element.  It covers the whole
+ * registers of the chunk and leaves the tail to the portable pass. */
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vbmi2,popcnt")))
+
+AVX512 static inline int64_t *put_positions(int64_t *out, int64_t i, __mmask8 k) {
+    __m512i at = _mm512_add_epi64(_mm512_set1_epi64(i), _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
+    _mm512_storeu_si512(out, _mm512_maskz_compress_epi64(k, at));
+    return out + __builtin_popcount(k);
+}
+
+/* zigzag(d) = (d << 1) ^ (d >> (bits - 1)), the shift arithmetic; there is no 8-bit
+ * shift, so for bytes the sign lanes come from a mask. */
+AVX512 static inline __m512i zigzag8(__m512i d) {
+    return _mm512_xor_si512(_mm512_add_epi8(d, d), _mm512_movm_epi8(_mm512_movepi8_mask(d)));
+}
+AVX512 static inline __m512i zigzag16(__m512i d) {
+    return _mm512_xor_si512(_mm512_slli_epi16(d, 1), _mm512_srai_epi16(d, 15));
+}
+AVX512 static inline __m512i zigzag32(__m512i d) {
+    return _mm512_xor_si512(_mm512_slli_epi32(d, 1), _mm512_srai_epi32(d, 31));
+}
+AVX512 static inline __m512i zigzag64(__m512i d) {
+    return _mm512_xor_si512(_mm512_slli_epi64(d, 1), _mm512_srai_epi64(d, 63));
+}
+
+/* The differing lanes of one register pair, compressed to the outputs at n; returns the
+ * new n.  Branch-free: a register without changes stores nothing that is kept. */
+#define PUT_AVX512(S, T, BITS, MASK, POPCNT)                                            \
+    AVX512 static inline int64_t put##S##_avx512(__m512i vb, __m512i vt, MASK k, int64_t i, \
+                                                 int64_t n, int64_t *pos, T *xr, T *sb) { \
+        __m512i z = zigzag##BITS(_mm512_sub_epi##BITS(vt, vb));                         \
+        __m512i x = _mm512_xor_si512(vb, vt);                                           \
+        _mm512_storeu_si512(xr + n, _mm512_maskz_compress_epi##BITS(k, x));             \
+        _mm512_storeu_si512(sb + n, _mm512_maskz_compress_epi##BITS(k, z));             \
+        int64_t *p = pos + n;                                                           \
+        for (int g = 0; g < 64 / S; g += 8) p = put_positions(p, i + g, (__mmask8)(k >> g)); \
+        return n + POPCNT(k);                                                           \
+    }
+
+/* Registers are taken GROUP at a time and a group without changes is skipped: sparse
+ * changes cost one well-predicted branch per group, while at a few percent, where most
+ * registers hold a change, nearly every group takes the branch-free path (a branch per
+ * register mispredicted about every other one: 1.27 ms against 0.80 ms for a
+ * 4M-element bf16 chunk at 3%).  The loop stops before the tail, at *at. */
+#define GROUP 4
+#define CHANGES_AVX512(S, T, BITS, MASK, POPCNT)                                        \
+    PUT_AVX512(S, T, BITS, MASK, POPCNT)                                                \
+    AVX512 static int64_t changes##S##_avx512(const T *b, const T *t, int64_t m,        \
+                                              int64_t cap, int64_t *pos, T *xr, T *sb,   \
+                                              int64_t *at) {                            \
+        const int lanes = 64 / S;                                                       \
+        int64_t n = 0, i = 0;                                                           \
+        for (; i + GROUP * lanes <= m; i += GROUP * lanes) {                            \
+            __m512i vb[GROUP], vt[GROUP];                                               \
+            MASK k[GROUP], any = 0;                                                     \
+            int c = 0;                                                                  \
+            for (int r = 0; r < GROUP; r++) {                                           \
+                vb[r] = _mm512_loadu_si512(b + i + r * lanes);                          \
+                vt[r] = _mm512_loadu_si512(t + i + r * lanes);                          \
+                k[r] = _mm512_cmpneq_epi##BITS##_mask(vb[r], vt[r]);                    \
+                any |= k[r];                                                            \
+                c += POPCNT(k[r]);                                                      \
+            }                                                                           \
+            if (!any) continue;                                                         \
+            if (n + c > cap) return -1;                                                 \
+            for (int r = 0; r < GROUP; r++)                                             \
+                n = put##S##_avx512(vb[r], vt[r], k[r], i + r * lanes, n, pos, xr, sb); \
+        }                                                                               \
+        *at = i;                                                                        \
+        return n;                                                                       \
+    }
+CHANGES_AVX512(1, uint8_t, 8, __mmask64, __builtin_popcountll)
+CHANGES_AVX512(2, uint16_t, 16, __mmask32, __builtin_popcount)
+CHANGES_AVX512(4, uint32_t, 32, __mmask16, __builtin_popcount)
+CHANGES_AVX512(8, uint64_t, 64, __mmask8, __builtin_popcount)
+
+static int has_avx512(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vbmi2");
+}
+#else
+static int has_avx512(void) { return 0; }
+#endif
+
+/* Which change pass wd_find_changes takes when simd is asked for: 1 the AVX-512 one,
+ * 0 the portable one (no such CPU, or not built for x86-64). */
+int wd_simd(void) { return has_avx512(); }
+
+/* The change pass over a chunk of m size-byte elements (see CHANGES): the AVX-512 one
+ * where simd is set and the CPU has it, else the portable one; the same results.  The
+ * outputs have room for cap + CHANGES_SLACK entries. */
 int64_t wd_find_changes(const void *base, const void *target, int64_t m, int64_t cap, int size,
-                   int64_t *pos, void *xr, void *sb) {
+                        int64_t *pos, void *xr, void *sb, int simd) {
+    int64_t from = 0, n = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+#define VECTOR(S, T)                                                                    \
+    if (size == S)                                                                      \
+        n = changes##S##_avx512((const T *)base, (const T *)target, m, cap, pos, (T *)xr, \
+                                (T *)sb, &from);
+    if (simd && has_avx512()) {
+        FOR_SIZES(VECTOR)
+        if (n < 0) return n;
+    }
+#undef VECTOR
+#endif
 #define CASE(S, T)                                                                      \
     if (size == S)                                                                      \
-        return changes##S((const T *)base, (const T *)target, m, cap, pos, (T *)xr, (T *)sb);
+        return changes##S((const T *)base, (const T *)target, from, m, cap, pos, (T *)xr, \
+                          (T *)sb, n);
     FOR_SIZES(CASE)
 #undef CASE
     return 0;

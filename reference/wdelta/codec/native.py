@@ -4,7 +4,8 @@ The NumPy code of :mod:`wdelta.codec` and :mod:`wdelta.policy` stays the normati
 reference; each kernel is a fused, exact equivalent of a few of its passes, and the
 callers fall back to NumPy when :func:`kernels` returns None.  ``pip install`` builds the
 library where a C compiler exists; ``WDELTA_NATIVE=0`` in the environment selects the
-NumPy path (read on every call, so tests can compare both in one process).
+NumPy path, ``WDELTA_NATIVE=portable`` the kernels without their vector (AVX-512)
+paths (read on every call, so tests can compare all three in one process).
 
 The library has no Python API: it is loaded with ctypes, which releases the GIL around
 each call, so the encoder's and decoder's threads run kernels in parallel.  Callers
@@ -22,14 +23,19 @@ from typing import Any
 import numpy as np
 
 Positions = np.ndarray[Any, np.dtype[np.int64]]
+# The vector change pass stores whole registers past the last entry it keeps: its
+# outputs need this many entries of room beyond the limit (CHANGES_SLACK in _kernels.c).
+CHANGES_SLACK = 64
 LIBRARY = "_wdelta_kernels.so"
 ENV = "WDELTA_NATIVE"
+PORTABLE = "portable"  # WDELTA_NATIVE=portable: the kernels without their vector paths
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
-    "wd_find_changes": (_I64, [_P, _P, _I64, _I64, _INT, _P, _P, _P]),
+    "wd_find_changes": (_I64, [_P, _P, _I64, _I64, _INT, _P, _P, _P, _INT]),
+    "wd_simd": (_INT, []),
     "wd_apply": (_I64, [_P, _I64, _P, _I64, _P, _INT, _INT, _INT]),
     "wd_bitmap": (None, [_P, _I64, _P, _I64]),
     "wd_quotients": (_I64, [_P, _I64, _INT]),
@@ -64,10 +70,21 @@ def kernels() -> ctypes.CDLL | None:
     return _load()
 
 
+def simd() -> bool:
+    """True if the kernels take their vector (AVX-512) paths: the CPU has them, and
+    ``WDELTA_NATIVE=portable`` does not ask for the portable C paths (tests compare both)."""
+    lib = kernels()
+    return lib is not None and os.environ.get(ENV) != PORTABLE and bool(lib.wd_simd())
+
+
 def backend() -> str:
-    """``native`` or ``numpy``: the path the codec takes now, for ``--version``."""
+    """The path the codec takes now, for ``--version``: ``native (AVX-512)``,
+    ``native (portable C)`` or ``numpy``, and why where an environment variable chose it."""
     if kernels() is not None:
-        return "native"
+        if simd():
+            return "native (AVX-512)"
+        forced = os.environ.get(ENV) == PORTABLE
+        return f"native (portable C{', WDELTA_NATIVE=portable' if forced else ''})"
     return "numpy (disabled by WDELTA_NATIVE=0)" if _load() is not None else "numpy"
 
 
@@ -98,12 +115,14 @@ def changes(
 ) -> tuple[Positions, dict[str, np.ndarray[Any, Any]]] | None:
     """Sorted positions where ``base`` and ``target`` (same length and dtype) differ, and
     the words there of each transform (``xor``, and ``sub`` zigzag-coded), in one pass;
-    None if more than ``limit`` differ.  Memory: ``limit`` entries of each output."""
-    pos = np.empty(limit, dtype=np.int64)
-    xor, sub = np.empty(limit, dtype=base.dtype), np.empty(limit, dtype=base.dtype)
+    None if more than ``limit`` differ.  Memory: ``limit + CHANGES_SLACK`` entries of
+    each output."""
+    room = limit + CHANGES_SLACK
+    pos = np.empty(room, dtype=np.int64)
+    xor, sub = np.empty(room, dtype=base.dtype), np.empty(room, dtype=base.dtype)
     size = base.dtype.itemsize
     args = (ptr(base), ptr(target), len(base), limit, size, ptr(pos), ptr(xor), ptr(sub))
-    n = _lib().wd_find_changes(*args)
+    n = _lib().wd_find_changes(*args, simd())
     return None if n < 0 else (pos[:n], {"xor": xor[:n], "sub": sub[:n]})
 
 
