@@ -3,12 +3,16 @@
     python bench/native.py                        # bf16 and fp8 E4M3 at 2%, 60 M elements
     python bench/native.py --elements 500000000   # the 1 GB bf16 share (and a 500 M fp8 model)
     python bench/native.py --pair BASE TARGET     # any pair of checkpoints (repeatable)
+    python bench/native.py --trace                # and the real trace's series (bench/realtrace.py)
 
 Flags:
   --dir DIR          data folder for the synthetic pairs (default /work/bench-data)
   --elements N       model size of the synthetic cases (default 60_000_000)
   --density D        their density of changed elements (default 0.02)
-  --no-synthetic     only the --pair cases
+  --no-synthetic     only the --pair (and --trace) cases
+  --trace            also each series of the real trace (one per dtype and learning rate:
+                     every consecutive step pair, times summed over the series); takes
+                     bench/realtrace.py's --trace-* flags, generates the trace if missing
   --threads T        threads of wdelta diff/apply and of the floor's hashing (default 2)
   --repeat R         rounds; in each every method runs once, one after another, and the
                      fastest run of each method counts (default 3)
@@ -23,8 +27,10 @@ bytes; "x zstd -3" is speed over zstd's speed, "x floor" time over the floor's t
 (wall clock, fastest round), "CPU x floor" the CPU seconds of all threads over the
 floor's (least round): on a shared machine wall time follows the load, CPU time much
 less.  Targets, judged on the native path's wall time: encode and decode >= 1.5x
-zstd -3, and each within 1.5x of its floor.  Each delta and rebuilt file is
-checked: both paths' deltas byte-identical, the rebuilt file equal to the target.
+zstd -3, and each within 1.5x of its floor; and a 1 GB share or more (one rank's part of a
+model) published, i.e. diffed, in at most half the NumPy path's time ("x NumPy" rows).
+Each delta and rebuilt file is checked: both paths' deltas byte-identical, the rebuilt
+file equal to the target.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from typing import Any
 import blake3
 import cases
 import peers
+import traceconfig
 
 import wdelta
 from wdelta.codec import native
@@ -52,6 +59,8 @@ from wdelta.testing import synthetic
 BLOCK = 8 << 20
 PEER_RATIO = 1.5  # encode and decode at least this many times zstd -3's speed
 FLOOR_RATIO = 1.5  # and at most this many times their floor's time
+PUBLISH_RATIO = 2.0  # a share of PUBLISH_BYTES or more: diff at least this much faster than NumPy
+PUBLISH_BYTES = 10**9
 
 
 Times = tuple[float, float]  # (wall seconds, CPU seconds of this process: all threads)
@@ -193,7 +202,33 @@ def report(name: str, size: int, best: dict[str, dict[str, Times]]) -> list[str]
         verdict = "PASS" if peer >= PEER_RATIO and over <= FLOOR_RATIO else "MISS"
         rows.append(f"| {name} | **native {op}: {verdict}** | {peer:.2f}x zstd -3 "
                     f"(>= {PEER_RATIO}), {over:.2f}x floor (<= {FLOOR_RATIO}) |||||||")  # fmt: skip
-    return rows
+    return [*rows, _against_numpy(name, size, best)]
+
+
+def _against_numpy(name: str, size: int, best: dict[str, dict[str, Times]]) -> str:
+    """The native path's speed-up over NumPy (wall and CPU), judged for a share of
+    PUBLISH_BYTES or more (publishing it is its diff)."""
+    numpy, ours = best["numpy"], best["native"]
+    cells = [f"{numpy[op][i] / ours[op][i]:.2f}x" for op in ("encode", "decode") for i in (0, 1)]
+    verdict = ""
+    if size >= PUBLISH_BYTES:
+        ok = numpy["encode"][0] / ours["encode"][0] >= PUBLISH_RATIO
+        verdict = f"; publish **{'PASS' if ok else 'MISS'}** (>= {PUBLISH_RATIO}x)"
+    return (f"| {name} | native x NumPy | encode {cells[0]} wall, {cells[1]} CPU; "
+            f"decode {cells[2]} wall, {cells[3]} CPU{verdict} |||||||")  # fmt: skip
+
+
+def measure_series(
+    pairs: list[tuple[Path, Path]], repeat: int, threads: int
+) -> dict[str, dict[str, Times]]:
+    """:func:`measure` of every pair of a series, the times summed over the pairs."""
+    total: dict[str, dict[str, Times]] = {}
+    for base, target in pairs:
+        for name, ops in measure(base, target, repeat, threads).items():
+            for op, (wall, cpu) in ops.items():
+                old = total.setdefault(name, {}).get(op, (0.0, 0.0))
+                total[name][op] = (old[0] + wall, old[1] + cpu)
+    return total
 
 
 HEAD = (
@@ -202,8 +237,13 @@ HEAD = (
 )
 
 
-def _cases(args: argparse.Namespace) -> list[tuple[str, Path, Path]]:
-    out = [(f"{b.name} -> {t.name}", b, t) for b, t in args.pair]
+Series = list[tuple[Path, Path]]  # (base, target) pairs whose times are summed
+
+
+def _cases(args: argparse.Namespace) -> list[tuple[str, Series]]:
+    out = [(f"{b.name} -> {t.name}", [(b, t)]) for b, t in args.pair]
+    if args.trace:
+        out += _trace_series(args)
     if not args.no_synthetic:
         for fp8 in (False, True):
             spec = synthetic.spec_for_elements(args.elements, fp8=fp8)
@@ -211,8 +251,20 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, Path, Path]]:
             label = (
                 f"{'fp8 e4m3' if fp8 else 'bf16'} {args.density:.0%}, {spec.nbytes / 1e9:.2f} GB"
             )
-            out.append((label, case.base, case.target))
+            out.append((label, [(case.base, case.target)]))
     return out
+
+
+def _trace_series(args: argparse.Namespace) -> list[tuple[str, Series]]:
+    """The real trace's series, one per dtype and learning rate (generated if missing)."""
+    import realtrace  # torch: only for --trace
+
+    cfg, root = traceconfig.config_from(args), Path(args.trace_root)
+    realtrace.trace(cfg, root)
+    series: dict[str, Series] = {}
+    for pair in realtrace.pairs(cfg, root):
+        series.setdefault(f"real {pair.case}", []).append((pair.base, pair.target))
+    return [(f"{name}, {len(s)} steps", s) for name, s in series.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,15 +276,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair", nargs=2, type=Path, action="append", default=[])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--trace", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="the real trace's seed")
+    traceconfig.add_flags(p)
     args = p.parse_args(argv)
     if native.kernels() is None:
         print("the native kernels are not built (wdelta --version says the backend)")
         return 1
     print(f"{native.backend()} kernels; {args.threads} threads; fastest of {args.repeat} rounds\n")
     print(HEAD)
-    for name, base, target in _cases(args):
-        best = measure(base, target, args.repeat, args.threads)
-        print("\n".join(report(name, target.stat().st_size, best)), flush=True)
+    for name, series in _cases(args):
+        best = measure_series(series, args.repeat, args.threads)
+        size = sum(target.stat().st_size for _, target in series)
+        print("\n".join(report(name, size, best)), flush=True)
     return 0
 
 

@@ -335,6 +335,23 @@ def test_bench_prints_both_paths_and_the_targets(tmp_path: Path) -> None:
             assert re.search(rf"\| {case}, [0-9.]+ GB \| {method} \|", run.stdout), run.stdout
         for op in ("encode", "decode"):
             assert re.search(rf"\*\*native {op}: (PASS|MISS)\*\*", run.stdout)
+        assert re.search(rf"\| {case}, [0-9.]+ GB \| native x NumPy \| encode [0-9.]+x", run.stdout)
+
+
+def test_bench_measures_the_real_trace_series(tmp_path: Path) -> None:
+    # A tiny trace (bench/realtrace.py, generated into tmp_path): one series per dtype.
+    bench = Path(__file__).resolve().parent.parent / "bench" / "native.py"
+    run = subprocess.run(
+        [sys.executable, str(bench), "--no-synthetic", "--trace", "--repeat", "1",
+         "--trace-root", str(tmp_path), "--trace-dim", "32", "--trace-layers", "1",
+         "--trace-heads", "2", "--trace-seq", "9", "--trace-batch", "1",
+         "--trace-pretrain", "1", "--trace-lrs", "1e-5", "--trace-steps", "2"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    for series in ("real bf16 lr1e-05, 2 steps", "real fp8 lr1e-05, 2 steps"):
+        for method in ("numpy", "native", "zstd -3 of XOR", "floor", "native x NumPy"):
+            assert f"| {series} | {method} |" in run.stdout, run.stdout
 
 
 def _parts(found: Any) -> Any:
