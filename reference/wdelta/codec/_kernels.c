@@ -99,10 +99,63 @@ CHANGES(8, uint64_t, 0x8000000000000000ULL)
  * registers of the chunk and leaves the tail to the portable pass. */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vbmi2,popcnt")))
 
-AVX512 static inline int64_t *put_positions(int64_t *out, int64_t i, __mmask8 k) {
+/* Positions i + j for the set bits j of the 8-lane mask k, stored at out. */
+AVX512 static inline void put_positions(int64_t *out, int64_t i, __mmask8 k) {
     __m512i at = _mm512_add_epi64(_mm512_set1_epi64(i), _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
     _mm512_storeu_si512(out, _mm512_maskz_compress_epi64(k, at));
-    return out + __builtin_popcount(k);
+}
+
+/* Positions i + j of the c lanes j whose indices (bytes, or 16-bit words) a compress left
+ * at the start of v, widened 8 at a time.  The first 8 are stored whatever c is (a
+ * branch there would be mispredicted about as often as a register holds no change);
+ * more than 8 in one register is rare below the bitmap density. */
+AVX512 static inline void put_indices8(int64_t *out, int64_t i, __m512i v, int c) {
+    __m512i at = _mm512_set1_epi64(i);
+    _mm512_storeu_si512(out, _mm512_add_epi64(at, _mm512_cvtepu8_epi64(_mm512_castsi512_si128(v))));
+    if (c <= 8) return;
+    uint8_t idx[64];
+    _mm512_storeu_si512(idx, v);
+    for (int j = 8; j < c; j += 8) {
+        __m128i eight = _mm_loadl_epi64((const __m128i *)(idx + j));
+        _mm512_storeu_si512(out + j, _mm512_add_epi64(at, _mm512_cvtepu8_epi64(eight)));
+    }
+}
+AVX512 static inline void put_indices16(int64_t *out, int64_t i, __m512i v, int c) {
+    __m512i at = _mm512_set1_epi64(i);
+    _mm512_storeu_si512(out, _mm512_add_epi64(at, _mm512_cvtepu16_epi64(_mm512_castsi512_si128(v))));
+    if (c <= 8) return;
+    uint16_t idx[32];
+    _mm512_storeu_si512(idx, v);
+    for (int j = 8; j < c; j += 8) {
+        __m128i eight = _mm_loadu_si128((const __m128i *)(idx + j));
+        _mm512_storeu_si512(out + j, _mm512_add_epi64(at, _mm512_cvtepu16_epi64(eight)));
+    }
+}
+
+/* Each size's positions of the lanes set in k: compressed lane indices for the narrow
+ * lanes (one compress for the register, not one per 8 lanes), compressed positions for
+ * the wide ones. */
+AVX512 static inline void positions1(int64_t *out, int64_t i, __mmask64 k, int c) {
+    const __m512i iota = _mm512_set_epi8(
+        63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42,
+        41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,
+        19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    put_indices8(out, i, _mm512_maskz_compress_epi8(k, iota), c);
+}
+AVX512 static inline void positions2(int64_t *out, int64_t i, __mmask32 k, int c) {
+    const __m512i iota = _mm512_set_epi16(
+        31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10,
+        9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    put_indices16(out, i, _mm512_maskz_compress_epi16(k, iota), c);
+}
+AVX512 static inline void positions4(int64_t *out, int64_t i, __mmask16 k, int c) {
+    (void)c;
+    put_positions(out, i, (__mmask8)k);
+    put_positions(out + __builtin_popcount(k & 0xFF), i + 8, (__mmask8)(k >> 8));
+}
+AVX512 static inline void positions8(int64_t *out, int64_t i, __mmask8 k, int c) {
+    (void)c;
+    put_positions(out, i, k);
 }
 
 /* zigzag(d) = (d << 1) ^ (d >> (bits - 1)), the shift arithmetic; there is no 8-bit
@@ -129,9 +182,9 @@ AVX512 static inline __m512i zigzag64(__m512i d) {
         __m512i x = _mm512_xor_si512(vb, vt);                                           \
         _mm512_storeu_si512(xr + n, _mm512_maskz_compress_epi##BITS(k, x));             \
         _mm512_storeu_si512(sb + n, _mm512_maskz_compress_epi##BITS(k, z));             \
-        int64_t *p = pos + n;                                                           \
-        for (int g = 0; g < 64 / S; g += 8) p = put_positions(p, i + g, (__mmask8)(k >> g)); \
-        return n + POPCNT(k);                                                           \
+        int c = POPCNT(k);                                                              \
+        positions##S(pos + n, i, k, c);                                                 \
+        return n + c;                                                                   \
     }
 
 /* Registers are taken GROUP at a time and a group without changes is skipped: sparse
