@@ -6,8 +6,10 @@ adversarial chunks of every dtype of SPEC §5 (NaN payloads and other specials,
 every density from unchanged to full, both transforms, both value codings), the
 decoder's output forwards and in reverse, its refusal of corrupted payloads (same
 exception class, so the same category), whole files through diff and apply, and the
-conformance suite on the NumPy path (the default run of tests/test_conformance.py
-takes the native path wherever it is built).
+conformance suite on the NumPy path and on the kernels' portable passes (the default
+run of tests/test_conformance.py takes the native path wherever it is built).  The
+change pass has a vector (AVX-512) and a portable form: its tests run both
+(``WDELTA_NATIVE=portable``).
 """
 
 from __future__ import annotations
@@ -310,9 +312,16 @@ def test_files_are_byte_identical_through_diff_and_apply(tmp_path: Path) -> None
     assert outs[1][1] == t.read_bytes() and outs[1][2] == b.read_bytes()
 
 
-def test_conformance_suite_passes_on_the_numpy_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    # tests/test_conformance.py runs the suite on the default path (native where built).
-    monkeypatch.setenv(native.ENV, "0")
+@pytest.mark.parametrize("mode", ["0", native.PORTABLE])
+def test_conformance_suite_passes_on_the_other_paths(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tests/test_conformance.py runs the suite on the default path (native where built,
+    # with its vector passes where the CPU has them); here the NumPy path and, where the
+    # kernels are built, their portable passes.
+    if mode == native.PORTABLE and not BUILT:
+        pytest.skip("the native kernels are not built here")
+    monkeypatch.setenv(native.ENV, mode)
     known_bug = suite._generator().known_bug
     manifest = suite.load(suite.VECTORS)
     with contextmanager(suite.scratch.__wrapped__)() as scratch:  # type: ignore[attr-defined]
