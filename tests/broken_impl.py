@@ -187,16 +187,18 @@ def compact_codec_zstd() -> None:
 
 
 def lax_remainder_padding() -> None:
-    """Clear the padding bits of a Rice remainder stream instead of refusing them (V7, S9)."""
-    fields = wdelta.codec.positions.remainder_fields
+    """Clear the padding bits of a Rice remainder stream instead of refusing them (V7, S9),
+    on the NumPy path (remainder_fields) and the native one (check_remainders)."""
+    fields, check = wdelta.codec.positions.remainder_fields, wdelta.codec.positions.check_remainders
 
-    def lax(data: Any, count: int, k: int) -> Any:
+    def cleared(data: Any, count: int, k: int) -> bytes:
         raw, used = bytearray(data), count * k
         if used % 8 and raw:
             raw[-1] &= (1 << (used % 8)) - 1
-        return fields(bytes(raw), count, k)
+        return bytes(raw)
 
-    wdelta.codec.positions.remainder_fields = lax
+    wdelta.codec.positions.remainder_fields = lambda d, c, k: fields(cleared(d, c, k), c, k)
+    wdelta.codec.positions.check_remainders = lambda d, c, k: check(cleared(d, c, k), c, k)
 
 
 def canonicalize_nans(out: Path) -> None:

@@ -281,6 +281,59 @@ def test_rice_and_bitmap_kernels_match_numpy(gaps: list[int], k: int) -> None:
     )
 
 
+def _outcome(fn: Callable[..., np.ndarray[Any, Any]], *args: Any) -> object:
+    """The values of the array ``fn(*args)``, or the class of the WdeltaError raised."""
+    try:
+        return fn(*args).tolist()
+    except WdeltaError as exc:
+        return type(exc)
+
+
+@needs_kernels
+@settings(max_examples=100, deadline=None)
+@given(
+    gaps=st.lists(st.integers(0, 2**12), min_size=1, max_size=200),
+    m=st.sampled_from([1, 100, 5000, 1 << 26]),
+    edit=st.sampled_from(["none", "flip", "drop", "pad", "trailing", "count"]),
+    at=st.integers(0, 2**16),
+)
+def test_rice_decoder_kernels_match_numpy(gaps: list[int], m: int, edit: str, at: int) -> None:
+    # Valid streams and edited ones (a flipped bit, a byte dropped or added, a padding
+    # bit set, a wrong count), for every k: the same positions or the same refusal on
+    # both paths.
+    for k in range(positions.MAX_RICE_K + 1):
+        u, r, count = _edited_rice(gaps, k, edit, at)
+        if count < 1:
+            continue
+        with path(False):
+            numpy_out = _outcome(positions.rice_decode, u, r, k, count, m)
+        with path(True):
+            native_out = _outcome(positions.rice_decode, u, r, k, count, m)
+            ones = positions.unary_ones_of(u).tolist()
+        assert native_out == numpy_out
+        bits = np.unpackbits(np.frombuffer(u, np.uint8), bitorder="little")
+        assert ones == np.flatnonzero(bits).tolist()
+
+
+def _edited_rice(gaps: list[int], k: int, edit: str, at: int) -> tuple[bytes, bytes, int]:
+    """Both Rice streams of ``gaps`` and their count, with one ``edit`` at ``at``."""
+    unary, rem = positions.rice_encode(np.array(gaps, dtype=np.int64), k)
+    count = len(gaps)
+    streams = [bytearray(unary), bytearray(rem)]
+    target = streams[at % 2] if streams[at % 2] else streams[0]
+    if edit == "flip":
+        target[at % len(target)] ^= 1 << (at % 8)
+    elif edit == "drop":
+        del target[at % len(target)]
+    elif edit == "trailing":
+        target.append(0)
+    elif edit == "pad" and count * k % 8:
+        streams[1][-1] |= 0x80
+    elif edit == "count":
+        count += 1 if at % 2 else -1
+    return bytes(streams[0]), bytes(streams[1]), count
+
+
 def _checkpoint(path: Path, tensors: dict[str, tuple[str, np.ndarray[Any, Any]]]) -> Path:
     raws = {n: RawTensor(d, (len(w),), w.tobytes()) for n, (d, w) in tensors.items()}
     path.write_bytes(safetensors_bytes(raws))

@@ -292,6 +292,58 @@ int64_t wd_apply(void *source, int64_t m, const int64_t *pos, int64_t n, const v
     return 0;
 }
 
+/* The decoder's Rice streams (§7.6.3).  The payload's structure (lengths, counts, the
+ * last unary byte, the quotients' bound, padding bits) is validated in Python; these two
+ * only turn bits of buffers of known length into numbers. */
+
+/* The stream indices (LSB first) of the set bits of the n bytes, in increasing order:
+ * the first cap of them into out (out may be NULL with cap 0); returns how many there
+ * are, so a caller can count first and then fill exactly. */
+int64_t wd_set_bits(const uint8_t *bytes, int64_t n, int64_t *out, int64_t cap) {
+    int64_t c = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w = load64(bytes + i);
+        if (c + __builtin_popcountll(w) > cap) {
+            c += __builtin_popcountll(w);
+            continue;
+        }
+        while (w) {
+            out[c++] = 8 * i + __builtin_ctzll(w);
+            w &= w - 1;
+        }
+    }
+    for (; i < n; i++)
+        for (int b = 0; b < 8; b++)
+            if (bytes[i] >> b & 1) {
+                if (c < cap) out[c] = 8 * i + b;
+                c++;
+            }
+    return c;
+}
+
+/* Positions from Rice codes: p_i = ((ones[i] - i) << k) + (r_0 + ... + r_i) + i, where
+ * ones are the unary stream's 1-bit indices and r the count k-bit fields (k 0..31) of
+ * the remainder stream rem, LSB first, of exactly ceil(count * k / 8) bytes.  The
+ * caller checked that length and that the quotients stay within the chunk, which keeps
+ * every sum below 2^58 (chunks hold at most 2^26 elements).  Each field is read with
+ * one 8-byte load at its bit offset while 8 bytes remain; the last ones byte by byte. */
+void wd_rice_positions(const int64_t *ones, int64_t count, const uint8_t *rem, int k,
+                       int64_t *out) {
+    uint64_t sum = 0, mask = k ? (1ULL << k) - 1 : 0;
+    int64_t nbytes = (count * k + 7) / 8, i = 0;
+    for (; i < count && (i * k >> 3) + 8 <= nbytes; i++) {
+        uint64_t bit = (uint64_t)(i * k);
+        sum += (load64(rem + (bit >> 3)) >> (bit & 7)) & mask;
+        out[i] = (int64_t)(((uint64_t)(ones[i] - i) << k) + sum + (uint64_t)i);
+    }
+    for (; i < count; i++) {
+        uint64_t bit = (uint64_t)(i * k), field = 0;
+        for (int j = 0; j < k; j++, bit++) field |= (uint64_t)(rem[bit >> 3] >> (bit & 7) & 1) << j;
+        sum += field;
+        out[i] = (int64_t)(((uint64_t)(ones[i] - i) << k) + sum + (uint64_t)i);
+    }
+}
+
 /* The bitmap of ceil(m / 8) bytes (nbytes) with bit pos[i] set, LSB first. */
 void wd_bitmap(const int64_t *pos, int64_t n, uint8_t *out, int64_t nbytes) {
     memset(out, 0, (size_t)nbytes);

@@ -37,6 +37,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_find_changes": (_I64, [_P, _P, _I64, _I64, _INT, _P, _P, _P, _INT]),
     "wd_simd": (_INT, []),
     "wd_apply": (_I64, [_P, _I64, _P, _I64, _P, _INT, _INT, _INT]),
+    "wd_set_bits": (_I64, [_P, _I64, _P, _I64]),
+    "wd_rice_positions": (None, [_P, _I64, _P, _INT, _P]),
     "wd_bitmap": (None, [_P, _I64, _P, _I64]),
     "wd_quotients": (_I64, [_P, _I64, _INT]),
     "wd_rice": (None, [_P, _I64, _INT, _P, _I64, _P]),
@@ -137,6 +139,27 @@ def apply(
         ptr(source), len(source), ptr(pos), len(pos), ptr(values), size, sub, reverse
     )
     assert bad < 0, f"position {bad} outside the chunk reached the apply kernel"
+
+
+def set_bits(data: bytes | memoryview) -> Positions:
+    """The stream indices of the set bits of ``data`` (LSB first), increasing: counted,
+    then written into an array of exactly that many."""
+    lib = _lib()
+    raw = np.frombuffer(data, dtype=np.uint8)
+    count = lib.wd_set_bits(ptr(raw), len(raw), None, 0)
+    out = np.empty(count, dtype=np.int64)
+    lib.wd_set_bits(ptr(raw), len(raw), ptr(out), count)
+    return out
+
+
+def rice_positions(ones: Positions, remainders: bytes | memoryview, k: int) -> Positions:
+    """Positions from the unary stream's 1-bit indices ``ones`` and the remainder stream
+    (validated: exactly ceil(len(ones) * k / 8) bytes, quotients within the chunk)."""
+    raw = np.frombuffer(remainders, dtype=np.uint8)
+    assert len(raw) == (len(ones) * k + 7) // 8 and ones.dtype == np.int64
+    out = np.empty(len(ones), dtype=np.int64)
+    _lib().wd_rice_positions(ptr(ones), len(ones), ptr(raw), k, ptr(out))
+    return out
 
 
 def bitmap(pos: Positions, m: int) -> bytes:
