@@ -24,6 +24,7 @@ from packaging.tags import sys_tags
 SOURCE = "reference/wdelta/codec/_kernels.c"
 LIBRARY = "_wdelta_kernels.so"  # the name wdelta/codec/native.py loads
 FLAGS = ["-O3", "-std=c99", "-shared", "-fPIC", "-Wall"]
+PORTABLE_ONLY = "-DWD_PORTABLE_ONLY"  # the kernels without their AVX-512 pass
 
 
 def _say(message: str) -> None:
@@ -31,23 +32,37 @@ def _say(message: str) -> None:
 
 
 def compile_kernels(root: Path, out: Path) -> bool:
-    """Compile the kernels to ``out``; False (with a message) where that fails."""
+    """Compile the kernels to ``out``; False (with a message) where that fails.
+
+    A compiler that refuses the AVX-512 pass (an old GCC or clang) gets a second try
+    without it (``-DWD_PORTABLE_ONLY``): the portable passes give the same bytes.
+    """
     compiler = shlex.split(os.environ.get("CC", "cc"))
     if shutil.which(compiler[0]) is None:
         _say(f"no C compiler ({compiler[0]}): installing the NumPy reference path only")
         return False
-    command = [*compiler, *FLAGS, "-o", str(out), str(root / SOURCE)]
+    failure = _compile([*compiler, *FLAGS, "-o", str(out), str(root / SOURCE)])
+    if failure is None:
+        _say(f"compiled the native kernels ({' '.join(compiler[:1] + FLAGS[:1])})")
+        return True
+    portable = _compile([*compiler, *FLAGS, PORTABLE_ONLY, "-o", str(out), str(root / SOURCE)])
+    if portable is None:
+        _say(f"compiling the AVX-512 pass failed ({failure}); compiled the portable kernels")
+        return True
+    _say(f"compiling the kernels failed: {portable}")
+    _say("installing the NumPy reference path only")
+    return False
+
+
+def _compile(command: list[str]) -> str | None:
+    """Run one compile; None if it succeeded, else why it failed (the end of stderr)."""
     try:
         run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        _say(f"compiling the kernels failed ({exc}): installing the NumPy path only")
-        return False
-    if run.returncode:
-        _say(f"compiling the kernels failed: {run.stderr.strip()[-2000:]}")
-        _say("installing the NumPy reference path only")
-        return False
-    _say(f"compiled the native kernels ({' '.join(command[:1] + FLAGS[:1])})")
-    return True
+        return str(exc)
+    if run.returncode == 0:
+        return None
+    return run.stderr.strip()[-2000:] or f"exit status {run.returncode}"
 
 
 class KernelsHook(BuildHookInterface):  # type: ignore[type-arg]

@@ -91,7 +91,15 @@ CHANGES(2, uint16_t, 0x8000800080008000ULL)
 CHANGES(4, uint32_t, 0x8000000080000000ULL)
 CHANGES(8, uint64_t, 0x8000000000000000ULL)
 
-#if defined(__x86_64__) && defined(__GNUC__)
+/* The AVX-512 pass needs GCC 8 or clang (their AVX-512 VBMI2 intrinsics and
+ * __builtin_cpu_supports names); the build hook compiles with WD_PORTABLE_ONLY defined
+ * where a compiler refuses it, and the library then has the portable passes only. */
+#if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 8)) && \
+    !defined(WD_PORTABLE_ONLY)
+#define WD_AVX512 1
+#endif
+
+#ifdef WD_AVX512
 #include <immintrin.h>
 /* The AVX-512 pass (F, BW and VBMI2: Ice Lake, Zen 4 and later), chosen at run time:
  * a register of lanes is compared at once, and the differing lanes' positions and words
@@ -233,7 +241,7 @@ static int has_avx512(void) { return 0; }
 #endif
 
 /* Which change pass wd_find_changes takes when simd is asked for: 1 the AVX-512 one,
- * 0 the portable one (no such CPU, or not built for x86-64). */
+ * 0 the portable one (no such CPU, or built without it: not x86-64, WD_PORTABLE_ONLY). */
 int wd_simd(void) { return has_avx512(); }
 
 /* The change pass over a chunk of m size-byte elements (see CHANGES): the AVX-512 one
@@ -242,7 +250,7 @@ int wd_simd(void) { return has_avx512(); }
 int64_t wd_find_changes(const void *base, const void *target, int64_t m, int64_t cap, int size,
                         int64_t *pos, void *xr, void *sb, int simd) {
     int64_t from = 0, n = 0;
-#if defined(__x86_64__) && defined(__GNUC__)
+#ifdef WD_AVX512
 #define VECTOR(S, T)                                                                    \
     if (size == S)                                                                      \
         n = changes##S##_avx512((const T *)base, (const T *)target, m, cap, pos, (T *)xr, \
@@ -252,6 +260,8 @@ int64_t wd_find_changes(const void *base, const void *target, int64_t m, int64_t
         if (n < 0) return n;
     }
 #undef VECTOR
+#else
+    (void)simd;
 #endif
 #define CASE(S, T)                                                                      \
     if (size == S)                                                                      \
