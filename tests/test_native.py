@@ -388,7 +388,7 @@ def test_bench_prints_both_paths_and_the_targets(tmp_path: Path) -> None:
     bench = Path(__file__).resolve().parent.parent / "bench" / "native.py"
     run = subprocess.run(
         [sys.executable, str(bench), "--dir", str(tmp_path), "--elements", "1000000",
-         "--repeat", "1"],
+         "--repeat", "1", "--publish-bytes", "1500000"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
@@ -398,6 +398,9 @@ def test_bench_prints_both_paths_and_the_targets(tmp_path: Path) -> None:
         for op in ("encode", "decode"):
             assert re.search(rf"\*\*native {op}: (PASS|MISS)\*\*", run.stdout)
         assert re.search(rf"\| {case}, [0-9.]+ GB \| native x NumPy \| encode [0-9.]+x", run.stdout)
+    # Publisher.publish timed on both paths for the cases of --publish-bytes or more.
+    publish = r"\| bf16 2%, [0-9.]+ GB \| \*\*publish: (PASS|MISS)\*\* \| Publisher"
+    assert re.search(publish, run.stdout)
 
 
 def test_bench_measures_the_real_trace_series(tmp_path: Path) -> None:
