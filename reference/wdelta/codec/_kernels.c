@@ -337,7 +337,7 @@ int64_t wd_set_bits(const uint8_t *bytes, int64_t n, int64_t *out, int64_t cap) 
  * caller checked that length and that the quotients stay within the chunk, which keeps
  * every sum below 2^58 (chunks hold at most 2^26 elements).  Each field is read with
  * one 8-byte load at its bit offset while 8 bytes remain; the last ones byte by byte. */
-void wd_rice_positions(const int64_t *ones, int64_t count, const uint8_t *rem, int k,
+void wd_rice_decode(const int64_t *ones, int64_t count, const uint8_t *rem, int k,
                        int64_t *out) {
     uint64_t sum = 0, mask = k ? (1ULL << k) - 1 : 0;
     int64_t nbytes = (count * k + 7) / 8, i = 0;

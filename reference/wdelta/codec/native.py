@@ -38,7 +38,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_simd": (_INT, []),
     "wd_apply": (_I64, [_P, _I64, _P, _I64, _P, _INT, _INT, _INT]),
     "wd_set_bits": (_I64, [_P, _I64, _P, _I64]),
-    "wd_rice_positions": (None, [_P, _I64, _P, _INT, _P]),
+    "wd_rice_decode": (None, [_P, _I64, _P, _INT, _P]),
     "wd_bitmap": (None, [_P, _I64, _P, _I64]),
     "wd_quotients": (_I64, [_P, _I64, _INT]),
     "wd_rice": (None, [_P, _I64, _INT, _P, _I64, _P]),
@@ -152,13 +152,13 @@ def set_bits(data: bytes | memoryview) -> Positions:
     return out
 
 
-def rice_positions(ones: Positions, remainders: bytes | memoryview, k: int) -> Positions:
+def rice_decode(ones: Positions, remainders: bytes | memoryview, k: int) -> Positions:
     """Positions from the unary stream's 1-bit indices ``ones`` and the remainder stream
     (validated: exactly ceil(len(ones) * k / 8) bytes, quotients within the chunk)."""
     raw = np.frombuffer(remainders, dtype=np.uint8)
     assert len(raw) == (len(ones) * k + 7) // 8 and ones.dtype == np.int64
     out = np.empty(len(ones), dtype=np.int64)
-    _lib().wd_rice_positions(ptr(ones), len(ones), ptr(raw), k, ptr(out))
+    _lib().wd_rice_decode(ptr(ones), len(ones), ptr(raw), k, ptr(out))
     return out
 
 

@@ -172,7 +172,7 @@ def rice_decode(
         raise IndexOutOfRangeError(f"Rice quotients put a position past the chunk of {m}")
     if native.usable(ones):
         check_remainders(remainders, count, k)
-        positions = native.rice_positions(ones.astype(np.int64, copy=False), remainders, k)
+        positions = native.rice_decode(ones.astype(np.int64, copy=False), remainders, k)
     else:
         index = np.arange(count, dtype=np.int64)
         positions = ones.astype(np.int64) - index
