@@ -168,25 +168,156 @@ void wd_plane_counts(const uint8_t *words, int64_t n, int size, int64_t *counts)
         for (int j = 0; j < size; j++) counts[j * 256 + words[i * size + j]]++;
 }
 
-/* One split level of the coded values: the indices of the n words of rest that are not
- * split, in increasing order, into keep, and those words into kept; returns how many. */
-#define SPLIT(S, T)                                                                     \
-    static int64_t split##S(const T *rest, int64_t n, T split, int64_t *keep, T *kept) { \
-        int64_t c = 0;                                                                  \
-        for (int64_t i = 0; i < n; i++) {                                               \
-            keep[c] = i;                                                                \
+/* ---- The encoder's per-chunk work after change detection ----------------------------
+ * Positions' Rice streams straight from the positions (no gaps array), the split levels
+ * of the coded values in one pass each, and exact histograms.  Same bytes and integers
+ * as the NumPy passes they replace; the floats that steer choices stay in NumPy. */
+
+/* out[j] = the sum of g_i >> (k0 + j) for j < nk (at most 3), over i = 0, step, 2 step,
+ * ... < n (n >= 1), g_i the gaps of the increasing positions pos (g_0 = p_0, g_i =
+ * p_i - p_{i-1} - 1): the Rice parameter's candidates judged in one pass, without a
+ * gaps array.  Unsigned, as gaps are not negative: SSE2 shifts 64-bit lanes only so. */
+void wd_gap_quotients(const int64_t *pos, int64_t n, int64_t step, int k0, int nk,
+                      int64_t *out) {
+    int k1 = k0 + (nk > 1), k2 = k0 + 2 * (nk > 2);
+    uint64_t g = (uint64_t)pos[0], s0 = g >> k0, s1 = g >> k1, s2 = g >> k2;
+    if (step == 1) {
+        for (int64_t i = 1; i < n; i++) {  /* a constant stride, which vectorises */
+            g = (uint64_t)(pos[i] - pos[i - 1] - 1);
+            s0 += g >> k0, s1 += g >> k1, s2 += g >> k2;
+        }
+    } else {
+        for (int64_t i = step; i < n; i += step) {
+            g = (uint64_t)(pos[i] - pos[i - 1] - 1);
+            s0 += g >> k0, s1 += g >> k1, s2 += g >> k2;
+        }
+    }
+    uint64_t sums[3] = {s0, s1, s2};
+    for (int j = 0; j < nk; j++) out[j] = (int64_t)sums[j];
+}
+
+/* k-bit fields (1..31) written LSB first from a register, no branch on the data: after
+ * each field the register's 8 bytes are stored and its whole bytes move on (8 bytes of
+ * slack past the stream take the last stores).  Fewer than 8 bits stay pending. */
+typedef struct {
+    uint8_t *out;
+    uint64_t acc;
+    int filled;
+} field_writer;
+
+static inline void field_put(field_writer *f, uint64_t r, int k) {
+    f->acc |= r << f->filled; /* fewer than 8 bits pending and k <= 31: they fit */
+    f->filled += k;
+    memcpy(f->out, &f->acc, 8);
+    f->out += f->filled >> 3;
+    f->acc >>= 8 * (f->filled >> 3);
+    f->filled &= 7;
+}
+
+static inline void field_end(field_writer *f) {
+    if (f->filled) *f->out = (uint8_t)f->acc;
+}
+
+/* The remainder stream of the gaps of n positions, k (1..31) bits each.  For k <= 8
+ * eight fields fill exactly k bytes: each group of eight is packed in a register and
+ * stored apart, with no chain from one group to the next (measured: 0.5 ns a field
+ * against 1.1 for the field writer, whose chain through its register is long). */
+static void gap_remainders(const int64_t *pos, int64_t n, int k, uint8_t *out) {
+    uint64_t fmask = (1ULL << k) - 1;
+    int64_t i = 0;
+    if (k <= 8 && n >= 8) {
+        uint64_t group = (uint64_t)pos[0] & fmask;
+        for (int j = 1; j < 8; j++) group |= ((uint64_t)(pos[j] - pos[j - 1] - 1) & fmask) << (j * k);
+        memcpy(out, &group, 8);
+        for (i = 8, out += k; i + 8 <= n; i += 8, out += k) {
+            group = 0;
+            for (int j = 0; j < 8; j++)
+                group |= ((uint64_t)(pos[i + j] - pos[i + j - 1] - 1) & fmask) << (j * k);
+            memcpy(out, &group, 8);
+        }
+    }
+    field_writer f = {out, 0, 0};
+    for (int64_t prev = i ? pos[i - 1] : -1; i < n; prev = pos[i++])
+        field_put(&f, (uint64_t)(pos[i] - prev - 1) & fmask, k);
+    field_end(&f);
+}
+
+/* Both Rice streams of the gaps of the n (>= 1) increasing positions with parameter k
+ * (0..31), one after the other in out: the unary stream of ubytes (known from
+ * wd_gap_quotients), then the remainder stream of ceil(n * k / 8) bytes, then 8 bytes
+ * of slack for its writer. */
+void wd_rice_positions(const int64_t *pos, int64_t n, int k, uint8_t *out, int64_t ubytes) {
+    memset(out, 0, (size_t)ubytes);
+    uint64_t bit = 0;
+    for (int64_t i = 0, prev = -1; i < n; prev = pos[i++]) {
+        bit += (uint64_t)(pos[i] - prev - 1) >> k;
+        out[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+        bit++;
+    }
+    if (k) gap_remainders(pos, n, k, out + ubytes);
+}
+
+/* One split level: the n words of rest that are not split, in order, into kept, and the
+ * mask of them (bit i set where rest[i] != split, LSB first) into mask, which has room
+ * for ceil(n / 64) 8-byte words (the padding is zeroed); returns how many are kept.
+ * The mask is the level's unary stream for k = 0 (up to the byte of its last 1 bit),
+ * and wd_rice_mask codes it for any other k.  Branch-free: levels keep about half. */
+#define SPLIT_MASK(S, T)                                                                \
+    static int64_t split_mask##S(const T *rest, int64_t n, T split, T *kept,            \
+                                 uint8_t *mask) {                                       \
+        int64_t c = 0, i = 0;                                                           \
+        for (; i + 8 <= n; i += 8) {                                                    \
+            unsigned byte = 0;                                                          \
+            for (int j = 0; j < 8; j++) {                                               \
+                T v = rest[i + j];                                                      \
+                unsigned ne = v != split;                                               \
+                byte |= ne << j;                                                        \
+                kept[c] = v;                                                            \
+                c += ne;                                                                \
+            }                                                                           \
+            mask[i >> 3] = (uint8_t)byte;                                               \
+        }                                                                               \
+        memset(mask + (i >> 3), 0, (size_t)((n + 63) / 64 * 8 - (i >> 3)));            \
+        for (; i < n; i++) {                                                            \
+            unsigned ne = rest[i] != split;                                             \
+            mask[i >> 3] |= (uint8_t)(ne << (i & 7));                                   \
             kept[c] = rest[i];                                                          \
-            c += rest[i] != split;                                                      \
+            c += ne;                                                                    \
         }                                                                               \
         return c;                                                                       \
     }
-FOR_SIZES(SPLIT)
+FOR_SIZES(SPLIT_MASK)
 
-int64_t wd_split(const void *rest, int64_t n, int size, uint64_t split, int64_t *keep,
-                 void *kept) {
+int64_t wd_split_mask(const void *rest, int64_t n, int size, uint64_t split, void *kept,
+                      uint8_t *mask) {
 #define CASE(S, T) \
-    if (size == S) return split##S((const T *)rest, n, (T)split, keep, (T *)kept);
+    if (size == S) return split_mask##S((const T *)rest, n, (T)split, (T *)kept, mask);
     FOR_SIZES(CASE)
 #undef CASE
     return 0;
+}
+
+/* Both Rice streams, parameter k (0..31), of the gaps between the set bits of a mask of
+ * words 8-byte words (from wd_split_mask): the unary stream into unary (zeroed here, of
+ * ubytes, room for it), the remainders (ceil(c * k / 8) bytes for c set bits, then 8 of
+ * slack) into rem.  Returns the unary stream's length in bytes (0 for no set bit). */
+int64_t wd_rice_mask(const uint8_t *mask, int64_t words, int k, uint8_t *unary, int64_t ubytes,
+                     uint8_t *rem) {
+    memset(unary, 0, (size_t)ubytes);
+    field_writer f = {rem, 0, 0};
+    uint64_t bit = 0, fmask = k ? (1ULL << k) - 1 : 0;
+    int64_t prev = -1;
+    for (int64_t w = 0; w < words; w++) {
+        for (uint64_t bits = load64(mask + 8 * w); bits; bits &= bits - 1) {
+            int64_t at = 64 * w + __builtin_ctzll(bits);
+            uint64_t g = (uint64_t)(at - prev - 1);
+            prev = at;
+            bit += g >> k;
+            unary[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+            bit++;
+            if (k) field_put(&f, g & fmask, k);
+        }
+    }
+    field_end(&f);
+    return (int64_t)((bit + 7) / 8);
 }

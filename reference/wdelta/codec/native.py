@@ -28,6 +28,9 @@ ENV = "WDELTA_NATIVE"
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
+# Bytes past the end of a bit stream that its compiled writer may store into (then
+# overwritten or cut off): it stores a whole 64-bit register at a time.
+SLACK = 8
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_find_changes": (_I64, [_P, _P, _I64, _I64, _INT, _P, _P, _P]),
     "wd_apply": (_I64, [_P, _I64, _P, _I64, _P, _INT, _INT, _INT]),
@@ -36,7 +39,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_rice": (None, [_P, _I64, _INT, _P, _I64, _P]),
     "wd_plane_counts": (None, [_P, _I64, _INT, _P]),
     "wd_sample_quotients": (_I64, [_P, _I64, _I64, _INT]),
-    "wd_split": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P]),
+    "wd_gap_quotients": (None, [_P, _I64, _I64, _INT, _INT, _P]),
+    "wd_rice_positions": (None, [_P, _I64, _INT, _P, _I64]),
+    "wd_split_mask": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P]),
+    "wd_rice_mask": (_I64, [_P, _I64, _INT, _P, _I64, _P]),
 }
 
 
@@ -155,9 +161,45 @@ def plane_counts(words: np.ndarray[Any, Any], counts: np.ndarray[Any, np.dtype[n
     _lib().wd_plane_counts(ptr(words), len(words), words.dtype.itemsize, ptr(counts))
 
 
-def split(rest: np.ndarray[Any, Any], word: int) -> tuple[Positions, np.ndarray[Any, Any]]:
-    """(indices of the words of ``rest`` that are not ``word``, those words), in one pass."""
-    keep = np.empty(len(rest), dtype=np.int64)
+def gap_quotients(pos: Positions, step: int, ks: range) -> list[int]:
+    """For each k of ``ks`` (at most 3), the sum of ``gaps_of(pos)[::step] >> k``."""
+    assert 1 <= len(ks) <= 3 and ks.step == 1
+    out = np.empty(3, dtype=np.int64)
+    _lib().wd_gap_quotients(ptr(pos), len(pos), step, ks.start, len(ks), ptr(out))
+    sums: list[int] = out[: len(ks)].tolist()
+    return sums
+
+
+def rice_positions(pos: Positions, k: int, unary_len: int) -> memoryview:
+    """Both Rice streams of the gaps of the non-empty ``pos`` with parameter k, one after
+    the other: the unary stream of ``unary_len`` bytes (from :func:`gap_quotients`),
+    then the remainders."""
+    length = unary_len + (len(pos) * k + 7) // 8
+    out = np.empty(length + SLACK, dtype=np.uint8)
+    _lib().wd_rice_positions(ptr(pos), len(pos), k, ptr(out), unary_len)
+    return out[:length].data
+
+
+def split_mask(
+    rest: np.ndarray[Any, Any], word: int
+) -> tuple[int, np.ndarray[Any, Any], np.ndarray[Any, np.dtype[np.uint8]]]:
+    """(how many words of ``rest`` are not ``word``, those words, the mask of them: bit i
+    set where ``rest[i] != word``, LSB first, padded with zeros to 8-byte words)."""
     kept = np.empty(len(rest), dtype=rest.dtype)
-    n = _lib().wd_split(ptr(rest), len(rest), rest.dtype.itemsize, word, ptr(keep), ptr(kept))
-    return keep[:n], kept[:n]
+    mask = np.empty((len(rest) + 63) // 64 * 8, dtype=np.uint8)
+    lib = _lib()
+    count = lib.wd_split_mask(ptr(rest), len(rest), rest.dtype.itemsize, word, ptr(kept), ptr(mask))
+    return count, kept[:count], mask
+
+
+def rice_mask(
+    mask: np.ndarray[Any, np.dtype[np.uint8]], n: int, count: int, k: int
+) -> tuple[bytes, bytes]:
+    """(unary stream, remainder stream) with parameter k of the gaps between the ``count``
+    (>= 1) set bits of a :func:`split_mask` mask of ``n`` bits."""
+    # The quotients sum to at most (n - count) >> k: the gaps sum to n - count or less.
+    unary = np.empty((((n - count) >> k) + count + 7) // 8, dtype=np.uint8)
+    rem = np.empty((count * k + 7) // 8 + SLACK, dtype=np.uint8)
+    lib = _lib()
+    ubytes = lib.wd_rice_mask(ptr(mask), len(mask) // 8, k, ptr(unary), len(unary), ptr(rem))
+    return unary[:ubytes].tobytes(), rem[: len(rem) - SLACK].tobytes()

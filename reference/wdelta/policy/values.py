@@ -173,17 +173,32 @@ DENSE_KEEP = 0.382
 
 def _split(rest: Words, split: Words) -> coded_values.Level:
     """The level that splits ``split`` off the open values ``rest``."""
-    mask, kept = None, None
-    if native.usable(rest):  # the kept indices and words in one pass, no mask
-        keep, kept = native.split(rest, int(split[0]))
+    if native.usable(rest):
+        return _split_native(rest, split)
+    mask = rest != split[0]
+    keep = np.flatnonzero(mask)
+    return coded_values.encode_level(rest, split, mask, keep, _level_k(len(keep), len(rest)))
+
+
+def _level_k(kept: int, n: int) -> int:
+    """The Rice parameter of a level that keeps ``kept`` of ``n`` open values open."""
+    if not kept or kept >= DENSE_KEEP * n:
+        return 0
+    return geometric_rice_k(kept, n)
+
+
+def _split_native(rest: Words, split: Words) -> coded_values.Level:
+    """:func:`_split` from one compiled pass over the open values (the words kept and
+    their mask) and, for k > 0, one over the mask's set bits: no index arrays."""
+    kept, words, mask = native.split_mask(rest, int(split[0]))
+    k = _level_k(kept, len(rest))
+    if not kept:
+        unary, rem = b"", b""
+    elif k == 0:  # the mask itself up to the byte of its last 1 bit
+        unary, rem = mask[: int(np.flatnonzero(mask)[-1]) + 1].tobytes(), b""
     else:
-        mask = rest != split[0]
-        keep = np.flatnonzero(mask)
-    if not len(keep) or len(keep) >= DENSE_KEEP * len(rest):
-        k = 0
-    else:
-        k = geometric_rice_k(len(keep), len(rest))
-    return coded_values.encode_level(rest, split, mask, keep, k, kept)
+        unary, rem = native.rice_mask(mask, len(rest), kept, k)
+    return coded_values.level(split, k, unary, rem, words)
 
 
 def _histogram(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
