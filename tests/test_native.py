@@ -461,16 +461,14 @@ def test_position_streams_come_from_the_positions_alike(
 @given(
     size=st.sampled_from(SIZES),
     n=st.sampled_from([1, 2, 7, 8, 9, 63, 64, 65, 1000, 5000]),
-    share=st.sampled_from([0.0, 0.01, 0.2, 0.5, 0.9, 1.0]),
-    k=st.integers(0, 31),
+    share=st.sampled_from([0.0, 0.01, 0.2, 0.5, 0.9, 0.99, 1.0]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_split_levels_come_from_one_pass_alike(
-    size: int, n: int, share: float, k: int, seed: int
-) -> None:
-    # A level splits a word off the open values: none, some or all of them equal to it,
-    # the split word the largest of its size; the kept words, the mask and the Rice
-    # streams of the gaps between kept values match NumPy's for any k.
+def test_split_levels_come_from_one_pass_alike(size: int, n: int, share: float, seed: int) -> None:
+    # A level splits a word off the open values: none, some or all of them equal to it
+    # (k = 0 from a share kept of DENSE_KEEP, Rice-coded below), the split word the
+    # largest of its size; the level's bytes, the kept words, the mask, its length up to
+    # the last kept and the kept indices from it match NumPy's.
     rng = np.random.default_rng(seed)
     dtype = word_dtype(size)
     split = np.iinfo(dtype).max
@@ -482,12 +480,40 @@ def test_split_levels_come_from_one_pass_alike(
     assert level[0].rest.tobytes() == level[1].rest.tobytes()
     keep = np.flatnonzero(rest != split)
     with path(True):
-        count, kept, mask = native.split_mask(rest, int(split))
+        count, kept, mask, used = native.split_mask(rest, int(split))
     assert (count, kept.tobytes()) == (len(keep), rest[keep].tobytes())
     bits = np.packbits(rest != split, bitorder="little")
     assert mask.tobytes() == bits.tobytes() + bytes(len(mask) - len(bits))
-    if count:
-        with path(False):
-            numpy_streams = positions.rice_encode(positions.gaps_of(keep), k)
-        with path(True):
-            assert native.rice_mask(mask, n, count, k) == numpy_streams
+    assert used == (int(keep[-1]) // 8 + 1 if count else 0)
+    with path(True):
+        assert native.mask_positions(mask, count).tolist() == keep.tolist()
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.sampled_from(SIZES),
+    n=st.sampled_from([0, 1, 2, 5, 300, 5000, 70_000]),
+    step=st.sampled_from([1, 2, 3, 7, 1000]),
+    spread=st.sampled_from(["one", "few", "all"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_histograms_are_exact_alike(size: int, n: int, step: int, spread: str, seed: int) -> None:
+    # The coded values' histograms (a strided sample, or every value) and the transform
+    # pick's byte-plane counts: one word throughout, a few skewed ones (an optimizer
+    # step's), or any word of the size, extremes included; 4- and 8-byte words and the
+    # byte planes of every size go through NumPy's and the kernel's own paths.
+    rng = np.random.default_rng(seed)
+    dtype = word_dtype(size)
+    if spread == "all":
+        values = np.frombuffer(rng.bytes(n * size), dtype=dtype).copy()
+        values[: min(n, 2)] = [np.iinfo(dtype).max, 0][: min(n, 2)]
+    else:
+        values = (rng.geometric(0.4, n) * (spread == "few")).astype(dtype)
+    numpy_hist, native_hist = both(lambda: values_policy._histogram(values, step))
+    assert [a.dtype for a in numpy_hist] == [a.dtype for a in native_hist]
+    assert [a.tolist() for a in numpy_hist] == [a.tolist() for a in native_hist]
+    ranked = both(lambda: values_policy._ranked(values))
+    assert [a.tolist() for a in ranked[0]] == [a.tolist() for a in ranked[1]]
+    planes = both(lambda: transform_policy._plane_counts((values, values[::-1].copy()), size))
+    assert planes[0].tolist() == planes[1].tolist()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,9 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_sample_quotients": (_I64, [_P, _I64, _I64, _INT]),
     "wd_gap_quotients": (None, [_P, _I64, _I64, _INT, _INT, _P]),
     "wd_rice_positions": (None, [_P, _I64, _INT, _P, _I64]),
-    "wd_split_mask": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P]),
-    "wd_rice_mask": (_I64, [_P, _I64, _INT, _P, _I64, _P]),
+    "wd_split_mask": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P, _P]),
+    "wd_mask_positions": (_I64, [_P, _I64, _P]),
+    "wd_histogram": (_I64, [_P, _I64, _I64, _INT, _P, _P, _P, _P]),
 }
 
 
@@ -182,24 +184,51 @@ def rice_positions(pos: Positions, k: int, unary_len: int) -> memoryview:
 
 def split_mask(
     rest: np.ndarray[Any, Any], word: int
-) -> tuple[int, np.ndarray[Any, Any], np.ndarray[Any, np.dtype[np.uint8]]]:
+) -> tuple[int, np.ndarray[Any, Any], np.ndarray[Any, np.dtype[np.uint8]], int]:
     """(how many words of ``rest`` are not ``word``, those words, the mask of them: bit i
-    set where ``rest[i] != word``, LSB first, padded with zeros to 8-byte words)."""
+    set where ``rest[i] != word``, LSB first, padded with zeros to 8-byte words, and its
+    length up to the byte of its last set bit)."""
     kept = np.empty(len(rest), dtype=rest.dtype)
     mask = np.empty((len(rest) + 63) // 64 * 8, dtype=np.uint8)
-    lib = _lib()
-    count = lib.wd_split_mask(ptr(rest), len(rest), rest.dtype.itemsize, word, ptr(kept), ptr(mask))
-    return count, kept[:count], mask
+    used = np.empty(1, dtype=np.int64)
+    size = rest.dtype.itemsize
+    count = _lib().wd_split_mask(ptr(rest), len(rest), size, word, ptr(kept), ptr(mask), ptr(used))
+    return count, kept[:count], mask, int(used[0])
 
 
-def rice_mask(
-    mask: np.ndarray[Any, np.dtype[np.uint8]], n: int, count: int, k: int
-) -> tuple[bytes, bytes]:
-    """(unary stream, remainder stream) with parameter k of the gaps between the ``count``
-    (>= 1) set bits of a :func:`split_mask` mask of ``n`` bits."""
-    # The quotients sum to at most (n - count) >> k: the gaps sum to n - count or less.
-    unary = np.empty((((n - count) >> k) + count + 7) // 8, dtype=np.uint8)
-    rem = np.empty((count * k + 7) // 8 + SLACK, dtype=np.uint8)
+def mask_positions(mask: np.ndarray[Any, np.dtype[np.uint8]], count: int) -> Positions:
+    """The indices of the ``count`` set bits of a :func:`split_mask` mask, increasing."""
+    pos = np.empty(count, dtype=np.int64)
+    found = _lib().wd_mask_positions(ptr(mask), len(mask) // 8, ptr(pos))
+    assert found == count
+    return pos
+
+
+# Word sizes whose exact histograms the kernel counts in tables (256 or 65536 bins).
+HISTOGRAM_SIZES = (1, 2)
+_scratch = threading.local()
+
+
+def histogram(
+    values: np.ndarray[Any, Any], step: int
+) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], np.ndarray[Any, np.dtype[np.int64]]]:
+    """(distinct words, their counts) of ``values[::step]`` (1- or 2-byte words, fewer than
+    2^32 taken), words increasing."""
+    size = values.dtype.itemsize
+    assert size in HISTOGRAM_SIZES
+    span = 1 << (8 * size)
+    # Each thread's zeroed tables, which the kernel leaves zeroed: zeroing or faulting in
+    # a megabyte per call would cost more than the count.
+    tables = getattr(_scratch, "tables", None)
+    if tables is None:
+        tables = _scratch.tables = {
+            s: (np.zeros(4 << (8 * s), np.uint32), np.zeros((1 << (8 * s)) // 64, np.uint64))
+            for s in HISTOGRAM_SIZES
+        }
+    bins, present = tables[size]
+    most = min(len(range(0, len(values), step)), span)
+    words, counts = np.empty(most, dtype=np.uint64), np.empty(most, dtype=np.int64)
     lib = _lib()
-    ubytes = lib.wd_rice_mask(ptr(mask), len(mask) // 8, k, ptr(unary), len(unary), ptr(rem))
-    return unary[:ubytes].tobytes(), rem[: len(rem) - SLACK].tobytes()
+    args = (ptr(values), len(values), step, size, ptr(bins), ptr(present), ptr(words), ptr(counts))
+    distinct = lib.wd_histogram(*args)
+    return words[:distinct], counts[:distinct]

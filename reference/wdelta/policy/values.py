@@ -158,7 +158,7 @@ def _ranked(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """(distinct words, counts) by decreasing count, then increasing word; counts
     of a sample scaled to ``len(values)`` (floats) above HISTOGRAM_SAMPLE values."""
     step = max(1, -(-len(values) // HISTOGRAM_SAMPLE))
-    words, counts = _histogram(values[::step])
+    words, counts = _histogram(values, step)
     if step > 1:
         counts = counts * (len(values) / counts.sum())
     order = np.lexsort((words, -counts))
@@ -189,24 +189,34 @@ def _level_k(kept: int, n: int) -> int:
 
 def _split_native(rest: Words, split: Words) -> coded_values.Level:
     """:func:`_split` from one compiled pass over the open values (the words kept and
-    their mask) and, for k > 0, one over the mask's set bits: no index arrays."""
-    kept, words, mask = native.split_mask(rest, int(split[0]))
+    their mask); for k > 0 the kept indices, from the mask, are Rice-coded as positions."""
+    kept, words, mask, used = native.split_mask(rest, int(split[0]))
     k = _level_k(kept, len(rest))
-    if not kept:
-        unary, rem = b"", b""
-    elif k == 0:  # the mask itself up to the byte of its last 1 bit
-        unary, rem = mask[: int(np.flatnonzero(mask)[-1]) + 1].tobytes(), b""
+    if k == 0:  # the mask itself up to the byte of its last 1 bit (none if none kept)
+        unary, rem = mask[:used].tobytes(), b""
     else:
-        unary, rem = native.rice_mask(mask, len(rest), kept, k)
+        keep = native.mask_positions(mask, kept)
+        quotients = native.gap_quotients(keep, 1, range(k, k + 1))[0]
+        length = (quotients + kept - 1) // 8 + 1
+        streams = native.rice_positions(keep, k, length)
+        unary, rem = bytes(streams[:length]), bytes(streams[length:])
     return coded_values.level(split, k, unary, rem, words)
 
 
-def _histogram(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """(distinct words, their counts), words increasing.  A stable sort, which NumPy
-    does by radix for 1- and 2-byte words: measured 0.21-0.32 ms on 32K-value
-    samples of bf16 and fp8 steps, against 0.65-0.94 ms for np.unique's sort and
-    0.34-0.40 ms for a 65536-bin bincount and its scan.  1-byte words are counted
-    in 256 bins instead (fp8: 15 us against 60 us for a 20K-value sample)."""
+def _histogram(values: Words, step: int = 1) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """(distinct words, their counts) of ``values[::step]``, words increasing.  A stable
+    sort, which NumPy does by radix for 1- and 2-byte words: measured 0.21-0.32 ms on
+    32K-value samples of bf16 and fp8 steps, against 0.65-0.94 ms for np.unique's sort
+    and 0.34-0.40 ms for a 65536-bin bincount and its scan.  1-byte words are counted
+    in 256 bins instead (fp8: 15 us against 60 us for a 20K-value sample).  The
+    kernel counts 1- and 2-byte words in tables, exactly."""
+    if (
+        native.usable(values)
+        and values.dtype.itemsize in native.HISTOGRAM_SIZES
+        and len(values) < 1 << 32
+    ):
+        return native.histogram(values, step)
+    values = values[::step]
     if values.dtype.itemsize == 1:
         bins = np.bincount(values, minlength=256)
         present = np.flatnonzero(bins)
