@@ -421,9 +421,10 @@ def test_coded_values_levels_are_the_same_on_both_paths(
 @st.composite
 def sorted_positions(draw: st.DrawFn) -> tuple[np.ndarray[Any, Any], int]:
     """(strictly increasing positions, chunk size m): one, a few, around K_SAMPLE (the
-    Rice judge's sample stride), all of a chunk, or spread by gaps up to 2^31 (the
+    Rice judge's sample strides 1 to 3), all of a chunk, or spread by gaps up to 2^31 (the
     NumPy writer's unary stream of k = 0 holds their sum in bits: at most 2^28)."""
-    n = draw(st.sampled_from([1, 2, 7, 8, 9, 17, 300, rice.K_SAMPLE * 2 - 1, rice.K_SAMPLE * 2]))
+    sampled = [rice.K_SAMPLE + 1, 2 * rice.K_SAMPLE, 2 * rice.K_SAMPLE + 1, 3 * rice.K_SAMPLE]
+    n = draw(st.sampled_from([1, 2, 7, 8, 9, 17, 300, *sampled]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     top = min(draw(st.sampled_from([0, 1, 3, 50, 4000, 2**20, 2**31])), 2**28 // n)
     gaps = rng.integers(0, top + 1, n, dtype=np.int64)
@@ -452,7 +453,11 @@ def test_position_streams_come_from_the_positions_alike(
     gaps = positions.gaps_of(pos)
     unary, rem = both(lambda: positions.rice_encode(gaps, k))[0]
     with path(True):
-        assert native.gap_quotients(pos, 1, range(k, k + 1)) == [int(np.sum(gaps >> k))]
+        for step in (1, 2, 3):
+            ks = range(k, min(k + 3, 32))
+            sample = [int(np.sum(gaps[::step] >> j)) for j in ks]
+            full = [int(np.sum(gaps >> j)) for j in ks] if step <= 2 else None
+            assert native.gap_quotients(pos, step, ks) == (sample, full)
         assert bytes(native.rice_positions(pos, k, len(unary))) == unary + rem
 
 

@@ -163,13 +163,15 @@ def plane_counts(words: np.ndarray[Any, Any], counts: np.ndarray[Any, np.dtype[n
     _lib().wd_plane_counts(ptr(words), len(words), words.dtype.itemsize, ptr(counts))
 
 
-def gap_quotients(pos: Positions, step: int, ks: range) -> list[int]:
-    """For each k of ``ks`` (at most 3), the sum of ``gaps_of(pos)[::step] >> k``."""
+def gap_quotients(pos: Positions, step: int, ks: range) -> tuple[list[int], list[int] | None]:
+    """For each k of ``ks`` (at most 3), the sum of ``gaps_of(pos)[::step] >> k``, and the
+    sum over all gaps where the same pass has it (step 1 or 2), else None."""
     assert 1 <= len(ks) <= 3 and ks.step == 1
-    out = np.empty(3, dtype=np.int64)
+    out = np.empty(6, dtype=np.int64)
     _lib().wd_gap_quotients(ptr(pos), len(pos), step, ks.start, len(ks), ptr(out))
-    sums: list[int] = out[: len(ks)].tolist()
-    return sums
+    sums: list[int] = out[:3].tolist()[: len(ks)]
+    full: list[int] = out[3:].tolist()[: len(ks)]
+    return sums, full if step <= 2 else None
 
 
 def rice_positions(pos: Positions, k: int, unary_len: int) -> memoryview:

@@ -76,13 +76,13 @@ def _plan_positions_native(pos: Positions, m: int) -> PositionPlan:
     step = max(1, n // K_SAMPLE)
     sampled = len(range(0, n, step))
     # The gaps sum to p_last - (n - 1): the mean of an unsampled chunk needs no pass.
-    total = int(pos[-1]) - (n - 1) if step == 1 else native.gap_quotients(pos, step, range(1))[0]
+    total = int(pos[-1]) - (n - 1) if step == 1 else native.gap_quotients(pos, step, range(1))[0][0]
     ks = rice_k_candidates(total / sampled)
-    sums = native.gap_quotients(pos, step, ks)
+    sums, full = native.gap_quotients(pos, step, ks)
     sizes = [q + sampled * (k + 1) for q, k in zip(sums, ks, strict=True)]
     best = sizes.index(min(sizes))
     k = ks[best]
-    quotients = sums[best] if step == 1 else native.gap_quotients(pos, 1, range(k, k + 1))[0]
+    quotients = full[best] if full else native.gap_quotients(pos, 1, range(k, k + 1))[0][0]
     unary = (quotients + n - 1) // 8 + 1  # bytes up to the last code's 1 bit
     rice = 8 + unary + (n * k + 7) // 8
     if rice < (m + 7) // 8:

@@ -196,7 +196,7 @@ def _split_native(rest: Words, split: Words) -> coded_values.Level:
         unary, rem = mask[:used].tobytes(), b""
     else:
         keep = native.mask_positions(mask, kept)
-        quotients = native.gap_quotients(keep, 1, range(k, k + 1))[0]
+        quotients = native.gap_quotients(keep, 1, range(k, k + 1))[0][0]
         length = (quotients + kept - 1) // 8 + 1
         streams = native.rice_positions(keep, k, length)
         unary, rem = bytes(streams[:length]), bytes(streams[length:])
