@@ -459,6 +459,10 @@ def test_position_streams_come_from_the_positions_alike(
             full = [int(np.sum(gaps >> j)) for j in ks] if step <= 2 else None
             assert native.gap_quotients(pos, step, ks) == (sample, full)
         assert bytes(native.rice_positions(pos, k, len(unary))) == unary + rem
+        # A unary length that is not the codes' stops the writer before it leaves its room.
+        for wrong in (len(unary) - 1, len(unary) + 1):
+            with pytest.raises(AssertionError, match="disagree"):
+                native.rice_positions(pos, k, wrong)
 
 
 @needs_kernels

@@ -41,9 +41,9 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_plane_counts": (None, [_P, _I64, _INT, _P]),
     "wd_sample_quotients": (_I64, [_P, _I64, _I64, _INT]),
     "wd_gap_quotients": (None, [_P, _I64, _I64, _INT, _INT, _P]),
-    "wd_rice_positions": (None, [_P, _I64, _INT, _P, _I64]),
+    "wd_rice_positions": (_INT, [_P, _I64, _INT, _P, _I64]),
     "wd_split_mask": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P, _P]),
-    "wd_mask_positions": (_I64, [_P, _I64, _P]),
+    "wd_mask_positions": (_I64, [_P, _I64, _P, _I64]),
     "wd_histogram": (_I64, [_P, _I64, _I64, _INT, _P, _P, _P, _P]),
 }
 
@@ -175,12 +175,13 @@ def gap_quotients(pos: Positions, step: int, ks: range) -> tuple[list[int], list
 
 
 def rice_positions(pos: Positions, k: int, unary_len: int) -> memoryview:
-    """Both Rice streams of the gaps of the non-empty ``pos`` with parameter k, one after
-    the other: the unary stream of ``unary_len`` bytes (from :func:`gap_quotients`),
-    then the remainders."""
+    """Both Rice streams of the gaps of the non-empty, strictly increasing ``pos`` with
+    parameter k, one after the other: the unary stream of ``unary_len`` bytes (from
+    :func:`gap_quotients`), then the remainders."""
     length = unary_len + (len(pos) * k + 7) // 8
     out = np.empty(length + SLACK, dtype=np.uint8)
-    _lib().wd_rice_positions(ptr(pos), len(pos), k, ptr(out), unary_len)
+    status = _lib().wd_rice_positions(ptr(pos), len(pos), k, ptr(out), unary_len)
+    assert status == 0, "positions and unary length disagree"
     return out[:length].data
 
 
@@ -201,7 +202,7 @@ def split_mask(
 def mask_positions(mask: np.ndarray[Any, np.dtype[np.uint8]], count: int) -> Positions:
     """The indices of the ``count`` set bits of a :func:`split_mask` mask, increasing."""
     pos = np.empty(count, dtype=np.int64)
-    found = _lib().wd_mask_positions(ptr(mask), len(mask) // 8, ptr(pos))
+    found = _lib().wd_mask_positions(ptr(mask), len(mask) // 8, ptr(pos), count)
     assert found == count
     return pos
 
