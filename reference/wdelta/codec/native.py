@@ -220,14 +220,11 @@ def histogram(
     size = values.dtype.itemsize
     assert size in HISTOGRAM_SIZES
     span = 1 << (8 * size)
-    # Each thread's zeroed tables, which the kernel leaves zeroed: zeroing or faulting in
-    # a megabyte per call would cost more than the count.
-    tables = getattr(_scratch, "tables", None)
-    if tables is None:
-        tables = _scratch.tables = {
-            s: (np.zeros(4 << (8 * s), np.uint32), np.zeros((1 << (8 * s)) // 64, np.uint64))
-            for s in HISTOGRAM_SIZES
-        }
+    # Each thread's zeroed tables (1 MiB for 2-byte words), which the kernel leaves
+    # zeroed: zeroing or faulting in a megabyte per call would cost more than the count.
+    tables = _scratch.__dict__.setdefault("tables", {})
+    if size not in tables:
+        tables[size] = np.zeros(4 * span, np.uint32), np.zeros(span // 64, np.uint64)
     bins, present = tables[size]
     most = min(len(range(0, len(values), step)), span)
     words, counts = np.empty(most, dtype=np.uint64), np.empty(most, dtype=np.int64)
