@@ -471,13 +471,16 @@ def test_position_streams_come_from_the_positions_alike(
     size=st.sampled_from(SIZES),
     n=st.sampled_from([1, 2, 7, 8, 9, 63, 64, 65, 1000, 5000]),
     share=st.sampled_from([0.0, 0.01, 0.2, 0.5, 0.9, 0.99, 1.0]),
+    k=st.integers(0, 31),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_split_levels_come_from_one_pass_alike(size: int, n: int, share: float, seed: int) -> None:
+def test_split_levels_come_from_one_pass_alike(
+    size: int, n: int, share: float, k: int, seed: int
+) -> None:
     # A level splits a word off the open values: none, some or all of them equal to it
     # (k = 0 from a share kept of DENSE_KEEP, Rice-coded below), the split word the
     # largest of its size; the level's bytes, the kept words, the mask, its length up to
-    # the last kept and the kept indices from it match NumPy's.
+    # the last kept, and for any k the Rice streams of the kept indices match NumPy's.
     rng = np.random.default_rng(seed)
     dtype = word_dtype(size)
     split = np.iinfo(dtype).max
@@ -494,8 +497,14 @@ def test_split_levels_come_from_one_pass_alike(size: int, n: int, share: float, 
     bits = np.packbits(rest != split, bitorder="little")
     assert mask.tobytes() == bits.tobytes() + bytes(len(mask) - len(bits))
     assert used == (int(keep[-1]) // 8 + 1 if count else 0)
-    with path(True):
-        assert native.mask_positions(mask, count).tolist() == keep.tolist()
+    if count:
+        with path(False):
+            numpy_streams = positions.rice_encode(positions.gaps_of(keep), k)
+        with path(True):
+            assert native.rice_mask(mask, n, count, k) == numpy_streams
+            # A count the mask does not hold is refused before anything is written.
+            with pytest.raises(AssertionError, match="disagree"):
+                native.rice_mask(mask, n, count + 1, k)
 
 
 @needs_kernels

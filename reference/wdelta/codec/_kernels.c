@@ -425,9 +425,9 @@ int64_t wd_split_mask(const void *rest, int64_t n, int size, uint64_t split, voi
     return c;
 }
 
-/* The indices of the set bits of a mask of words 8-byte words (from wd_split_mask), in
- * increasing order, into pos (room for cap); returns how many, or -1 if more than cap. */
-int64_t wd_mask_positions(const uint8_t *mask, int64_t words, int64_t *pos, int64_t cap) {
+/* The indices of the set bits of a mask of words 8-byte words, in increasing order,
+ * into pos (room for cap); returns how many, or -1 if more than cap. */
+static int64_t mask_positions(const uint8_t *mask, int64_t words, int64_t *pos, int64_t cap) {
     int64_t c = 0;
     for (int64_t w = 0; w < words; w++)
         for (uint64_t bits = load64(mask + 8 * w); bits; bits &= bits - 1) {
@@ -435,6 +435,21 @@ int64_t wd_mask_positions(const uint8_t *mask, int64_t words, int64_t *pos, int6
             pos[c++] = 64 * w + __builtin_ctzll(bits);
         }
     return c;
+}
+
+/* A Rice-coded split level, parameter k (0..31): the indices of the count (>= 1) set
+ * bits of a mask of words 8-byte words (from wd_split_mask) into pos (room for count),
+ * and the Rice streams of their gaps into out (room for cap bytes) as
+ * wd_rice_positions writes them.  Returns the unary stream's length, or -1 if the mask
+ * does not hold count set bits or the streams would not fit. */
+int64_t wd_rice_mask(const uint8_t *mask, int64_t words, int64_t count, int k, int64_t *pos,
+                     uint8_t *out, int64_t cap) {
+    if (count < 1 || mask_positions(mask, words, pos, count) != count) return -1;
+    int64_t sums[6];
+    wd_gap_quotients(pos, count, 1, k, 1, sums);
+    int64_t ubytes = (sums[0] + count - 1) / 8 + 1;
+    if (ubytes + (count * k + 7) / 8 + 8 > cap) return -1;
+    return wd_rice_positions(pos, count, k, out, ubytes) ? -1 : ubytes;
 }
 
 /* The exact histogram of values[0], values[step], ... (n values, step >= 1) of 1- or

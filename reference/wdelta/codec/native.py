@@ -43,7 +43,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_gap_quotients": (None, [_P, _I64, _I64, _INT, _INT, _P]),
     "wd_rice_positions": (_INT, [_P, _I64, _INT, _P, _I64]),
     "wd_split_mask": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P, _P]),
-    "wd_mask_positions": (_I64, [_P, _I64, _P, _I64]),
+    "wd_rice_mask": (_I64, [_P, _I64, _I64, _INT, _P, _P, _I64]),
     "wd_histogram": (_I64, [_P, _I64, _I64, _INT, _P, _P, _P, _P]),
 }
 
@@ -199,12 +199,19 @@ def split_mask(
     return count, kept[:count], mask, int(used[0])
 
 
-def mask_positions(mask: np.ndarray[Any, np.dtype[np.uint8]], count: int) -> Positions:
-    """The indices of the ``count`` set bits of a :func:`split_mask` mask, increasing."""
-    pos = np.empty(count, dtype=np.int64)
-    found = _lib().wd_mask_positions(ptr(mask), len(mask) // 8, ptr(pos), count)
-    assert found == count
-    return pos
+def rice_mask(
+    mask: np.ndarray[Any, np.dtype[np.uint8]], n: int, count: int, k: int
+) -> tuple[bytes, bytes]:
+    """(unary stream, remainder stream) with parameter k of the gaps between the ``count``
+    (>= 1) set bits of a :func:`split_mask` mask of ``n`` bits."""
+    # The quotients sum to at most (n - count) >> k: the gaps sum to n - count or less.
+    room = (((n - count) >> k) + count + 7) // 8 + (count * k + 7) // 8 + SLACK
+    out = np.empty(room, dtype=np.uint8)
+    scratch = np.empty(count, dtype=np.int64)  # the set bits' indices
+    lib = _lib()
+    unary = lib.wd_rice_mask(ptr(mask), len(mask) // 8, count, k, ptr(scratch), ptr(out), room)
+    assert unary > 0, "the mask and its count disagree"
+    return out[:unary].tobytes(), out[unary : unary + (count * k + 7) // 8].tobytes()
 
 
 # Word sizes whose exact histograms the kernel counts in tables (256 or 65536 bins).

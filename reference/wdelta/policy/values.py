@@ -189,17 +189,13 @@ def _level_k(kept: int, n: int) -> int:
 
 def _split_native(rest: Words, split: Words) -> coded_values.Level:
     """:func:`_split` from one compiled pass over the open values (the words kept and
-    their mask); for k > 0 the kept indices, from the mask, are Rice-coded as positions."""
+    their mask); for k > 0 one more over the mask codes the kept indices as positions."""
     kept, words, mask, used = native.split_mask(rest, int(split[0]))
     k = _level_k(kept, len(rest))
     if k == 0:  # the mask itself up to the byte of its last 1 bit (none if none kept)
         unary, rem = mask[:used].tobytes(), b""
     else:
-        keep = native.mask_positions(mask, kept)
-        quotients = native.gap_quotients(keep, 1, range(k, k + 1))[0][0]
-        length = (quotients + kept - 1) // 8 + 1
-        streams = native.rice_positions(keep, k, length)
-        unary, rem = bytes(streams[:length]), bytes(streams[length:])
+        unary, rem = native.rice_mask(mask, len(rest), kept, k)
     return coded_values.level(split, k, unary, rem, words)
 
 
