@@ -33,7 +33,7 @@ import test_conformance as suite
 import wdelta
 from fuzz_targets import Seeds, blob_edited, work_folder
 from kit import DTYPES, SPECIALS, RawTensor, safetensors_bytes, word_dtype
-from wdelta.codec import blob, native, positions
+from wdelta.codec import blob, native, positions, sparse
 from wdelta.codec import chunk as chunk_codec
 from wdelta.conformance import Reference
 from wdelta.errors import WdeltaError
@@ -527,3 +527,122 @@ def test_coded_values_levels_are_the_same_on_both_paths(
     words = rng.geometric(rng.uniform(0.05, 0.9), n).astype(word_dtype(size))
     coded = both(lambda: values_policy.encode_as(words, levels, final))
     assert (coded[0].data, coded[0].sections) == (coded[1].data, coded[1].sections)
+
+
+@st.composite
+def sorted_positions(draw: st.DrawFn) -> tuple[np.ndarray[Any, Any], int]:
+    """(strictly increasing positions, chunk size m): one, a few, around K_SAMPLE (the
+    Rice judge's sample strides 1 to 3), all of a chunk, or spread by gaps up to 2^31 (the
+    NumPy writer's unary stream of k = 0 holds their sum in bits: at most 2^28)."""
+    sampled = [rice.K_SAMPLE + 1, 2 * rice.K_SAMPLE, 2 * rice.K_SAMPLE + 1, 3 * rice.K_SAMPLE]
+    n = draw(st.sampled_from([1, 2, 7, 8, 9, 17, 300, *sampled]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    top = min(draw(st.sampled_from([0, 1, 3, 50, 4000, 2**20, 2**31])), 2**28 // n)
+    gaps = rng.integers(0, top + 1, n, dtype=np.int64)
+    pos = np.cumsum(gaps + 1) - 1
+    return pos, int(pos[-1]) + 1 + draw(st.sampled_from([0, 5, 2**20]))
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(found=sorted_positions(), k=st.integers(0, 31))
+def test_position_streams_come_from_the_positions_alike(
+    found: tuple[np.ndarray[Any, Any], int], k: int
+) -> None:
+    # The planner sums the gaps without an array and the writer codes them from the
+    # positions: the same plan, the same payload parts, and for any k the same streams.
+    pos, m = found
+    plans = both(lambda: rice.plan_positions(pos, m))
+    assert (plans[0].coding, plans[0].k, plans[0].nbytes) == (
+        plans[1].coding,
+        plans[1].k,
+        plans[1].nbytes,
+    )
+    values = np.arange(len(pos), dtype=np.uint16)
+    parts = both(lambda: _parts((len(pos), "xor", sparse.parts(pos, values, m, plans[1]))))
+    assert parts[0] == parts[1]
+    gaps = positions.gaps_of(pos)
+    unary, rem = both(lambda: positions.rice_encode(gaps, k))[0]
+    with path(True):
+        for step in (1, 2, 3):
+            ks = range(k, min(k + 3, 32))
+            sample = [int(np.sum(gaps[::step] >> j)) for j in ks]
+            full = [int(np.sum(gaps >> j)) for j in ks] if step <= 2 else None
+            assert native.gap_quotients(pos, step, ks) == (sample, full)
+        assert bytes(native.rice_positions(pos, k, len(unary))) == unary + rem
+        # A unary length that is not the codes' stops the writer before it leaves its room.
+        for wrong in (len(unary) - 1, len(unary) + 1):
+            with pytest.raises(AssertionError, match="disagree"):
+                native.rice_positions(pos, k, wrong)
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.sampled_from(SIZES),
+    n=st.sampled_from([1, 2, 7, 8, 9, 63, 64, 65, 1000, 5000]),
+    share=st.sampled_from([0.0, 0.01, 0.2, 0.5, 0.9, 0.99, 1.0]),
+    k=st.integers(0, 31),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_split_levels_come_from_one_pass_alike(
+    size: int, n: int, share: float, k: int, seed: int
+) -> None:
+    # A level splits a word off the open values: none, some or all of them equal to it
+    # (k = 0 from a share kept of DENSE_KEEP, Rice-coded below), the split word the
+    # largest of its size; the level's bytes, the kept words, the mask, its length up to
+    # the last kept, and for any k the Rice streams of the kept indices match NumPy's.
+    rng = np.random.default_rng(seed)
+    dtype = word_dtype(size)
+    split = np.iinfo(dtype).max
+    rest = np.frombuffer(rng.bytes(n * size), dtype=dtype).copy()
+    rest[rest == split] = 0
+    rest[rng.random(n) < share] = split
+    level = both(lambda: values_policy._split(rest, np.array([split], dtype=dtype)))
+    assert (level[0].data, level[0].rem_at) == (level[1].data, level[1].rem_at)
+    assert level[0].rest.tobytes() == level[1].rest.tobytes()
+    keep = np.flatnonzero(rest != split)
+    with path(True):
+        count, kept, mask, used = native.split_mask(rest, int(split))
+    assert (count, kept.tobytes()) == (len(keep), rest[keep].tobytes())
+    bits = np.packbits(rest != split, bitorder="little")
+    assert mask.tobytes() == bits.tobytes() + bytes(len(mask) - len(bits))
+    assert used == (int(keep[-1]) // 8 + 1 if count else 0)
+    if count:
+        with path(False):
+            numpy_streams = positions.rice_encode(positions.gaps_of(keep), k)
+        with path(True):
+            assert native.rice_mask(mask, n, count, k) == numpy_streams
+            # A count the mask does not hold is refused before anything is written.
+            with pytest.raises(AssertionError, match="disagree"):
+                native.rice_mask(mask, n, count + 1, k)
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.sampled_from(SIZES),
+    n=st.sampled_from([0, 1, 2, 5, 300, 5000, 70_000]),
+    step=st.sampled_from([1, 2, 3, 7, 1000]),
+    spread=st.sampled_from(["one", "few", "all"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_histograms_are_exact_alike(size: int, n: int, step: int, spread: str, seed: int) -> None:
+    # The coded values' histograms (a strided sample, or every value) and the transform
+    # pick's byte-plane counts: one word throughout, a few skewed ones (an optimizer
+    # step's), or any word of the size, extremes included; 4- and 8-byte words and the
+    # byte planes of every size go through NumPy's and the kernel's own paths.
+    rng = np.random.default_rng(seed)
+    dtype = word_dtype(size)
+    if spread == "all":
+        values = np.frombuffer(rng.bytes(n * size), dtype=dtype).copy()
+        values[: min(n, 2)] = [np.iinfo(dtype).max, 0][: min(n, 2)]
+    else:
+        values = (rng.geometric(0.4, n) * (spread == "few")).astype(dtype)
+    numpy_hist, native_hist = both(lambda: values_policy._histogram(values, step))
+    assert [a.dtype for a in numpy_hist] == [a.dtype for a in native_hist]
+    assert [a.tolist() for a in numpy_hist] == [a.tolist() for a in native_hist]
+    ranked = both(lambda: values_policy._ranked(values))
+    assert [a.tolist() for a in ranked[0]] == [a.tolist() for a in ranked[1]]
+    planes = both(lambda: transform_policy._plane_counts((values, values[::-1].copy()), size))
+    assert planes[0].tolist() == planes[1].tolist()

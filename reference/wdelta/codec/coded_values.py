@@ -180,24 +180,25 @@ class Level:
 
 
 def encode_level(
-    rest: Words, split: Words, mask: np.ndarray[Any, np.dtype[np.bool_]] | None, keep: Positions,
-    k: int, kept: Words | None = None,
-) -> Level:  # fmt: skip
+    rest: Words, split: Words, mask: np.ndarray[Any, np.dtype[np.bool_]], keep: Positions, k: int
+) -> Level:
     """The level that splits ``split`` off the open values ``rest`` with Rice parameter
-    ``k``; ``mask`` is ``rest != split`` (None: not built) and ``keep`` its set indices
-    (k 0 if none); ``kept`` is ``rest.take(keep)`` where the caller has it."""
+    ``k``; ``mask`` is ``rest != split`` and ``keep`` its set indices (k 0 if none)."""
     if not len(keep):
         unary, rem = b"", b""
-    elif k == 0 and mask is not None:
+    elif k == 0:
         # The unary stream of k = 0 is the mask itself up to the byte of its last 1 bit.
         unary, rem = np.packbits(mask[: int(keep[-1]) + 1], bitorder="little").tobytes(), b""
-    elif k == 0:
-        unary, rem = positions.bitmap_encode(keep, int(keep[-1]) + 1), b""
     else:
         unary, rem = positions.rice_encode(positions.gaps_of(keep), k)
+    return level(split, k, unary, rem, rest.take(keep))
+
+
+def level(split: Words, k: int, unary: bytes, rem: bytes, rest: Words) -> Level:
+    """The level of split word ``split`` whose Rice streams (parameter k) are ``unary``
+    and ``rem``, leaving the values ``rest`` open."""
     head = bytes([k]) + leb128.encode(len(unary))
-    rest_kept = rest.take(keep) if kept is None else kept
-    return Level(split, head + unary + rem, len(head) + len(unary), rest_kept)
+    return Level(split, head + unary + rem, len(head) + len(unary), rest)
 
 
 def serialize(levels: list[Level], rest: Words, final: int, k: int) -> Coded:

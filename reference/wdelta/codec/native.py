@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ PORTABLE = "portable"  # WDELTA_NATIVE=portable: the kernels without their vecto
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
+# Bytes past the end of a bit stream that its compiled writer may store into (then
+# overwritten or cut off): it stores a whole 64-bit register at a time.
+SLACK = 8
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_find_changes": (_I64, [_P, _P, _I64, _I64, _INT, _P, _P, _P, _INT]),
     "wd_simd": (_INT, []),
@@ -44,7 +48,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_rice": (None, [_P, _I64, _INT, _P, _I64, _P]),
     "wd_plane_counts": (None, [_P, _I64, _INT, _P]),
     "wd_sample_quotients": (_I64, [_P, _I64, _I64, _INT]),
-    "wd_split": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P]),
+    "wd_gap_quotients": (None, [_P, _I64, _I64, _INT, _INT, _P]),
+    "wd_rice_positions": (_INT, [_P, _I64, _INT, _P, _I64]),
+    "wd_split_mask": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P, _P]),
+    "wd_rice_mask": (_I64, [_P, _I64, _I64, _INT, _P, _P, _I64]),
+    "wd_histogram": (_I64, [_P, _I64, _I64, _INT, _P, _P, _P, _P]),
 }
 
 
@@ -197,9 +205,79 @@ def plane_counts(words: np.ndarray[Any, Any], counts: np.ndarray[Any, np.dtype[n
     _lib().wd_plane_counts(ptr(words), len(words), words.dtype.itemsize, ptr(counts))
 
 
-def split(rest: np.ndarray[Any, Any], word: int) -> tuple[Positions, np.ndarray[Any, Any]]:
-    """(indices of the words of ``rest`` that are not ``word``, those words), in one pass."""
-    keep = np.empty(len(rest), dtype=np.int64)
+def gap_quotients(pos: Positions, step: int, ks: range) -> tuple[list[int], list[int] | None]:
+    """For each k of ``ks`` (at most 3), the sum of ``gaps_of(pos)[::step] >> k``, and the
+    sum over all gaps where the same pass has it (step 1 or 2), else None."""
+    assert 1 <= len(ks) <= 3 and ks.step == 1
+    out = np.empty(6, dtype=np.int64)
+    _lib().wd_gap_quotients(ptr(pos), len(pos), step, ks.start, len(ks), ptr(out))
+    sums: list[int] = out[:3].tolist()[: len(ks)]
+    full: list[int] = out[3:].tolist()[: len(ks)]
+    return sums, full if step <= 2 else None
+
+
+def rice_positions(pos: Positions, k: int, unary_len: int) -> memoryview:
+    """Both Rice streams of the gaps of the non-empty, strictly increasing ``pos`` with
+    parameter k, one after the other: the unary stream of ``unary_len`` bytes (from
+    :func:`gap_quotients`), then the remainders."""
+    length = unary_len + (len(pos) * k + 7) // 8
+    out = np.empty(length + SLACK, dtype=np.uint8)
+    status = _lib().wd_rice_positions(ptr(pos), len(pos), k, ptr(out), unary_len)
+    assert status == 0, "positions and unary length disagree"
+    return out[:length].data
+
+
+def split_mask(
+    rest: np.ndarray[Any, Any], word: int
+) -> tuple[int, np.ndarray[Any, Any], np.ndarray[Any, np.dtype[np.uint8]], int]:
+    """(how many words of ``rest`` are not ``word``, those words, the mask of them: bit i
+    set where ``rest[i] != word``, LSB first, padded with zeros to 8-byte words, and its
+    length up to the byte of its last set bit)."""
     kept = np.empty(len(rest), dtype=rest.dtype)
-    n = _lib().wd_split(ptr(rest), len(rest), rest.dtype.itemsize, word, ptr(keep), ptr(kept))
-    return keep[:n], kept[:n]
+    mask = np.empty((len(rest) + 63) // 64 * 8, dtype=np.uint8)
+    used = np.empty(1, dtype=np.int64)
+    size = rest.dtype.itemsize
+    count = _lib().wd_split_mask(ptr(rest), len(rest), size, word, ptr(kept), ptr(mask), ptr(used))
+    return count, kept[:count], mask, int(used[0])
+
+
+def rice_mask(
+    mask: np.ndarray[Any, np.dtype[np.uint8]], n: int, count: int, k: int
+) -> tuple[bytes, bytes]:
+    """(unary stream, remainder stream) with parameter k of the gaps between the ``count``
+    (>= 1) set bits of a :func:`split_mask` mask of ``n`` bits."""
+    # The quotients sum to at most (n - count) >> k: the gaps sum to n - count or less.
+    room = (((n - count) >> k) + count + 7) // 8 + (count * k + 7) // 8 + SLACK
+    out = np.empty(room, dtype=np.uint8)
+    scratch = np.empty(count, dtype=np.int64)  # the set bits' indices
+    lib = _lib()
+    unary = lib.wd_rice_mask(ptr(mask), len(mask) // 8, count, k, ptr(scratch), ptr(out), room)
+    assert unary > 0, "the mask and its count disagree"
+    return out[:unary].tobytes(), out[unary : unary + (count * k + 7) // 8].tobytes()
+
+
+# Word sizes whose exact histograms the kernel counts in tables (256 or 65536 bins).
+HISTOGRAM_SIZES = (1, 2)
+_scratch = threading.local()
+
+
+def histogram(
+    values: np.ndarray[Any, Any], step: int
+) -> tuple[np.ndarray[Any, np.dtype[np.uint64]], np.ndarray[Any, np.dtype[np.int64]]]:
+    """(distinct words, their counts) of ``values[::step]`` (1- or 2-byte words, fewer than
+    2^32 taken), words increasing."""
+    size = values.dtype.itemsize
+    assert size in HISTOGRAM_SIZES
+    span = 1 << (8 * size)
+    # Each thread's zeroed tables (1 MiB for 2-byte words), which the kernel leaves
+    # zeroed: zeroing or faulting in a megabyte per call would cost more than the count.
+    tables = _scratch.__dict__.setdefault("tables", {})
+    if size not in tables:
+        tables[size] = np.zeros(4 * span, np.uint32), np.zeros(span // 64, np.uint64)
+    bins, present = tables[size]
+    most = min(len(range(0, len(values), step)), span)
+    words, counts = np.empty(most, dtype=np.uint64), np.empty(most, dtype=np.int64)
+    lib = _lib()
+    args = (ptr(values), len(values), step, size, ptr(bins), ptr(present), ptr(words), ptr(counts))
+    distinct = lib.wd_histogram(*args)
+    return words[:distinct], counts[:distinct]

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EncodingInvalidError
-from . import coded_values, leb128, planes, positions
+from . import coded_values, leb128, native, planes, positions
 from .coded_values import Coded
 
 BITMAP, RICE = 0, 1
@@ -39,7 +39,9 @@ class PositionPlan:
     """A chunk's position coding, its Rice k and exact size, as the encoder chose them.
 
     ``gaps`` and ``ones`` (see :func:`positions.unary_ones`) cache what
-    planning computed, so that encoding does not repeat it (None: derive).
+    planning computed, so that encoding does not repeat it (None: derive);
+    ``unary_len`` is the unary stream's length where the native planner found it,
+    which lets the compiled writer code the positions without a gaps array.
     """
 
     coding: int
@@ -47,6 +49,7 @@ class PositionPlan:
     nbytes: int
     gaps: Positions | None = None
     ones: Positions | None = None
+    unary_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,9 @@ def parts(pos: Positions, values: Words, m: int, plan: PositionPlan) -> Parts:
     """The parts of the payload for sorted positions ``pos`` in a chunk of m."""
     if plan.coding == BITMAP:
         return Parts(BITMAP, 0, 0, positions.bitmap_encode(pos, m), values)
+    if plan.unary_len is not None and native.usable(pos):
+        streams = native.rice_positions(pos, plan.k, plan.unary_len)
+        return Parts(RICE, plan.k, plan.unary_len, streams, values)
     gaps = plan.gaps if plan.gaps is not None else positions.gaps_of(pos)
     unary, rem = positions.rice_encode(gaps, plan.k, plan.ones)
     return Parts(RICE, plan.k, len(unary), unary + rem, values)

@@ -56,19 +56,38 @@ def _best_rice_k_native(gaps: Positions, step: int) -> int:
 
 def plan_positions(pos: Positions, m: int) -> PositionPlan:
     """Compare the exact sizes of the bitmap and the best Rice coding."""
+    if native.usable(pos):
+        return _plan_positions_native(pos, m)
     bitmap = (m + 7) // 8
     gaps = positions.gaps_of(pos)
     k = best_rice_k(gaps)
-    ones = None
-    if native.usable(gaps):
-        last = native.quotients(gaps, k) + len(gaps) - 1  # ones[-1], without the array
-    else:
-        ones = positions.unary_ones(gaps, k)
-        last = int(ones[-1])
-    rice = 8 + last // 8 + 1 + (len(gaps) * k + 7) // 8
+    ones = positions.unary_ones(gaps, k)
+    rice = 8 + int(ones[-1]) // 8 + 1 + (len(gaps) * k + 7) // 8
     if rice < bitmap:
         return PositionPlan(RICE, k, rice, gaps, ones)
     return PositionPlan(BITMAP, 0, bitmap, gaps, ones)
+
+
+def _plan_positions_native(pos: Positions, m: int) -> PositionPlan:
+    """:func:`plan_positions` from exact integer sums over the gaps, computed from the
+    positions in one pass without a gaps array: the same k as :func:`best_rice_k` (see
+    :func:`_best_rice_k_native`), the same sizes."""
+    n = len(pos)
+    step = max(1, n // K_SAMPLE)
+    sampled = len(range(0, n, step))
+    # The gaps sum to p_last - (n - 1): the mean of an unsampled chunk needs no pass.
+    total = int(pos[-1]) - (n - 1) if step == 1 else native.gap_quotients(pos, step, range(1))[0][0]
+    ks = rice_k_candidates(total / sampled)
+    sums, full = native.gap_quotients(pos, step, ks)
+    sizes = [q + sampled * (k + 1) for q, k in zip(sums, ks, strict=True)]
+    best = sizes.index(min(sizes))
+    k = ks[best]
+    quotients = full[best] if full else native.gap_quotients(pos, 1, range(k, k + 1))[0][0]
+    unary = (quotients + n - 1) // 8 + 1  # bytes up to the last code's 1 bit
+    rice = 8 + unary + (n * k + 7) // 8
+    if rice < (m + 7) // 8:
+        return PositionPlan(RICE, k, rice, unary_len=unary)
+    return PositionPlan(BITMAP, 0, (m + 7) // 8)
 
 
 def geometric_rice_k(kept: int, n: int) -> int:

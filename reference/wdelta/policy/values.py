@@ -158,7 +158,7 @@ def _ranked(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """(distinct words, counts) by decreasing count, then increasing word; counts
     of a sample scaled to ``len(values)`` (floats) above HISTOGRAM_SAMPLE values."""
     step = max(1, -(-len(values) // HISTOGRAM_SAMPLE))
-    words, counts = _histogram(values[::step])
+    words, counts = _histogram(values, step)
     if step > 1:
         counts = counts * (len(values) / counts.sum())
     order = np.lexsort((words, -counts))
@@ -173,25 +173,46 @@ DENSE_KEEP = 0.382
 
 def _split(rest: Words, split: Words) -> coded_values.Level:
     """The level that splits ``split`` off the open values ``rest``."""
-    mask, kept = None, None
-    if native.usable(rest):  # the kept indices and words in one pass, no mask
-        keep, kept = native.split(rest, int(split[0]))
-    else:
-        mask = rest != split[0]
-        keep = np.flatnonzero(mask)
-    if not len(keep) or len(keep) >= DENSE_KEEP * len(rest):
-        k = 0
-    else:
-        k = geometric_rice_k(len(keep), len(rest))
-    return coded_values.encode_level(rest, split, mask, keep, k, kept)
+    if native.usable(rest):
+        return _split_native(rest, split)
+    mask = rest != split[0]
+    keep = np.flatnonzero(mask)
+    return coded_values.encode_level(rest, split, mask, keep, _level_k(len(keep), len(rest)))
 
 
-def _histogram(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """(distinct words, their counts), words increasing.  A stable sort, which NumPy
-    does by radix for 1- and 2-byte words: measured 0.21-0.32 ms on 32K-value
-    samples of bf16 and fp8 steps, against 0.65-0.94 ms for np.unique's sort and
-    0.34-0.40 ms for a 65536-bin bincount and its scan.  1-byte words are counted
-    in 256 bins instead (fp8: 15 us against 60 us for a 20K-value sample)."""
+def _level_k(kept: int, n: int) -> int:
+    """The Rice parameter of a level that keeps ``kept`` of ``n`` open values open."""
+    if not kept or kept >= DENSE_KEEP * n:
+        return 0
+    return geometric_rice_k(kept, n)
+
+
+def _split_native(rest: Words, split: Words) -> coded_values.Level:
+    """:func:`_split` from one compiled pass over the open values (the words kept and
+    their mask); for k > 0 one more over the mask codes the kept indices as positions."""
+    kept, words, mask, used = native.split_mask(rest, int(split[0]))
+    k = _level_k(kept, len(rest))
+    if k == 0:  # the mask itself up to the byte of its last 1 bit (none if none kept)
+        unary, rem = mask[:used].tobytes(), b""
+    else:
+        unary, rem = native.rice_mask(mask, len(rest), kept, k)
+    return coded_values.level(split, k, unary, rem, words)
+
+
+def _histogram(values: Words, step: int = 1) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """(distinct words, their counts) of ``values[::step]``, words increasing.  A stable
+    sort, which NumPy does by radix for 1- and 2-byte words: measured 0.21-0.32 ms on
+    32K-value samples of bf16 and fp8 steps, against 0.65-0.94 ms for np.unique's sort
+    and 0.34-0.40 ms for a 65536-bin bincount and its scan.  1-byte words are counted
+    in 256 bins instead (fp8: 15 us against 60 us for a 20K-value sample).  The
+    kernel counts 1- and 2-byte words in tables, exactly."""
+    if (
+        native.usable(values)
+        and values.dtype.itemsize in native.HISTOGRAM_SIZES
+        and len(values) < 1 << 32
+    ):
+        return native.histogram(values, step)
+    values = values[::step]
     if values.dtype.itemsize == 1:
         bins = np.bincount(values, minlength=256)
         present = np.flatnonzero(bins)
