@@ -360,46 +360,6 @@ void wd_bitmap(const int64_t *pos, int64_t n, uint8_t *out, int64_t nbytes) {
     for (int64_t i = 0; i < n; i++) out[pos[i] >> 3] |= (uint8_t)(1u << (pos[i] & 7));
 }
 
-/* Sum of gaps[i] >> k: the unary stream holds that many zero bits plus one 1 bit per gap. */
-int64_t wd_quotients(const int64_t *gaps, int64_t n, int k) {
-    int64_t s = 0;
-    for (int64_t i = 0; i < n; i++) s += gaps[i] >> k;
-    return s;
-}
-
-/* Sum of gaps[i] >> k over every step-th gap (i = 0, step, 2 step, ... < n): the Rice
- * parameter's judge on a strided sample, without copying it. */
-int64_t wd_sample_quotients(const int64_t *gaps, int64_t n, int64_t step, int k) {
-    int64_t s = 0;
-    for (int64_t i = 0; i < n; i += step) s += gaps[i] >> k;
-    return s;
-}
-
-/* Both Rice streams of the gaps with parameter k (0..31): the unary stream (ubytes, its
- * size from wd_quotients) and the remainder stream of ceil(n * k / 8) bytes, LSB first,
- * padding bits zero. */
-void wd_rice(const int64_t *gaps, int64_t n, int k, uint8_t *unary, int64_t ubytes,
-             uint8_t *rem) {
-    memset(unary, 0, (size_t)ubytes);
-    uint64_t bit = 0, acc = 0;
-    int filled = 0;
-    uint64_t mask = k ? ((1ULL << k) - 1) : 0;
-    for (int64_t i = 0; i < n; i++) {
-        bit += (uint64_t)(gaps[i] >> k);
-        unary[bit >> 3] |= (uint8_t)(1u << (bit & 7));
-        bit++;
-        if (!k) continue;
-        acc |= ((uint64_t)gaps[i] & mask) << filled;
-        filled += k;
-        while (filled >= 8) {
-            *rem++ = (uint8_t)acc;
-            acc >>= 8;
-            filled -= 8;
-        }
-    }
-    if (filled) *rem = (uint8_t)acc;
-}
-
 /* counts[j * 256 + v] += how many of the n size-byte words hold byte v in plane j (byte j,
  * least significant first): the byte-plane histograms of the transform pick's estimate.
  * Four neighbouring words count into four tables: a plane's bytes are mostly one value,

@@ -44,10 +44,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_set_bits": (_I64, [_P, _I64, _P, _I64]),
     "wd_rice_decode": (None, [_P, _I64, _P, _INT, _P]),
     "wd_bitmap": (None, [_P, _I64, _P, _I64]),
-    "wd_quotients": (_I64, [_P, _I64, _INT]),
-    "wd_rice": (None, [_P, _I64, _INT, _P, _I64, _P]),
     "wd_plane_counts": (None, [_P, _I64, _INT, _P]),
-    "wd_sample_quotients": (_I64, [_P, _I64, _I64, _INT]),
     "wd_gap_quotients": (None, [_P, _I64, _I64, _INT, _INT, _P]),
     "wd_rice_positions": (_INT, [_P, _I64, _INT, _P, _I64]),
     "wd_split_mask": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P, _P]),
@@ -175,27 +172,6 @@ def bitmap(pos: Positions, m: int) -> bytes:
     out = np.empty((m + 7) // 8, dtype=np.uint8)
     _lib().wd_bitmap(ptr(pos), len(pos), ptr(out), len(out))
     return out.tobytes()
-
-
-def quotients(gaps: Positions, k: int) -> int:
-    """The sum of ``gaps >> k``."""
-    total: int = _lib().wd_quotients(ptr(gaps), len(gaps), k)
-    return total
-
-
-def sample_quotients(gaps: Positions, step: int, k: int) -> int:
-    """The sum of ``gaps[::step] >> k``."""
-    total: int = _lib().wd_sample_quotients(ptr(gaps), len(gaps), step, k)
-    return total
-
-
-def rice(gaps: Positions, k: int) -> tuple[bytes, bytes]:
-    """(unary stream, remainder stream) of the non-empty ``gaps`` with parameter k."""
-    lib = _lib()
-    unary = np.empty((quotients(gaps, k) + len(gaps) - 1) // 8 + 1, dtype=np.uint8)
-    rem = np.empty((len(gaps) * k + 7) // 8, dtype=np.uint8)
-    lib.wd_rice(ptr(gaps), len(gaps), k, ptr(unary), len(unary), ptr(rem))
-    return unary.tobytes(), rem.tobytes()
 
 
 def plane_counts(words: np.ndarray[Any, Any], counts: np.ndarray[Any, np.dtype[np.int64]]) -> None:

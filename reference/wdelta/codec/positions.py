@@ -51,8 +51,6 @@ def rice_encode(gaps: Positions, k: int, ones: Positions | None = None) -> tuple
 
     ``ones`` is :func:`unary_ones` of the gaps when the caller has it already.
     """
-    if ones is None and native.usable(gaps):
-        return native.rice(gaps, k)
     if ones is None:
         ones = unary_ones(gaps, k)
     unary = unary_stream(ones)

@@ -33,24 +33,12 @@ def rice_k_candidates(mean: float, top: int = MAX_RICE_K) -> range:
 def best_rice_k(gaps: Positions) -> int:
     """The k near log2(mean gap · ln 2) minimising size, judged on a sample of gaps."""
     step = max(1, len(gaps) // K_SAMPLE)
-    if native.usable(gaps):
-        return _best_rice_k_native(gaps, step)
     sample = gaps[::step]
     mean = float(np.mean(sample)) if len(sample) else 0.0
     ks = rice_k_candidates(mean)
     # rice_bits of every candidate from one shift and sum (a 40-gap chunk: 3 us, not 16).
     shifted = sample >> np.arange(ks.start, ks.stop, dtype=np.int64)[:, None]
     sizes = [int(q) + len(sample) * (k + 1) for q, k in zip(shifted.sum(axis=1), ks, strict=True)]
-    return ks[sizes.index(min(sizes))]
-
-
-def _best_rice_k_native(gaps: Positions, step: int) -> int:
-    """:func:`best_rice_k` from the sample's exact integer sums: its mean is the same float
-    (NumPy's float64 sum of integers is exact below 2^53, and gaps sum to less than a chunk)."""
-    n = len(range(0, len(gaps), step))
-    mean = native.sample_quotients(gaps, step, 0) / n if n else 0.0
-    ks = rice_k_candidates(mean)
-    sizes = [native.sample_quotients(gaps, step, k) + n * (k + 1) for k in ks]
     return ks[sizes.index(min(sizes))]
 
 
@@ -70,8 +58,9 @@ def plan_positions(pos: Positions, m: int) -> PositionPlan:
 
 def _plan_positions_native(pos: Positions, m: int) -> PositionPlan:
     """:func:`plan_positions` from exact integer sums over the gaps, computed from the
-    positions in one pass without a gaps array: the same k as :func:`best_rice_k` (see
-    :func:`_best_rice_k_native`), the same sizes."""
+    positions in one pass without a gaps array: the same k as :func:`best_rice_k` (the
+    sample's mean is the same float: NumPy's float64 sum of integers is exact below 2^53,
+    and gaps sum to less than a chunk), the same sizes."""
     n = len(pos)
     step = max(1, n // K_SAMPLE)
     sampled = len(range(0, n, step))
