@@ -272,7 +272,7 @@ Series = list[tuple[Path, Path]]  # (base, target) pairs whose times are summed
 
 
 def _cases(args: argparse.Namespace) -> list[tuple[str, Series]]:
-    out = [(f"{b.name} -> {t.name}", [(b, t)]) for b, t in args.pair]
+    out = [(f"{b.parent.name}/{b.name} -> {t.name}", [(b, t)]) for b, t in args.pair]
     if args.trace:
         out += _trace_series(args)
     if not args.no_synthetic:
