@@ -33,7 +33,7 @@ import test_conformance as suite
 import wdelta
 from fuzz_targets import Seeds, blob_edited, work_folder
 from kit import DTYPES, SPECIALS, RawTensor, safetensors_bytes, word_dtype
-from wdelta.codec import blob, native, positions, sparse
+from wdelta.codec import blob, coded_values, native, positions, sparse
 from wdelta.codec import chunk as chunk_codec
 from wdelta.conformance import Reference
 from wdelta.errors import WdeltaError
@@ -531,6 +531,34 @@ def test_coded_values_levels_are_the_same_on_both_paths(
     words = rng.geometric(rng.uniform(0.05, 0.9), n).astype(word_dtype(size))
     coded = both(lambda: values_policy.encode_as(words, levels, final))
     assert (coded[0].data, coded[0].sections) == (coded[1].data, coded[1].sections)
+
+
+@needs_kernels
+@settings(max_examples=60, deadline=None)
+@given(size=st.sampled_from(SIZES), n=st.sampled_from([1, 2, 7, 8, 9, 300]),
+       spread=st.integers(0, 12), seed=st.integers(0, 2**32 - 1))  # fmt: skip
+def test_final_rice_streams_are_the_same_on_both_paths(
+    size: int, n: int, spread: int, seed: int
+) -> None:
+    # Every k below the word width (fields of 0 to 63 bits, straddling up to 9 bytes),
+    # words whose quotients stay below 2^spread so that the unary stream stays small.
+    rng = np.random.default_rng(seed)
+    for k in range(8 * size):
+        top = min(8 * size, k + spread)
+        words = (rng.integers(0, 2**62, n, dtype=np.uint64) >> np.uint64(64 - top)) if top else (
+            np.zeros(n, dtype=np.uint64)
+        )
+        words = words.astype(word_dtype(size))
+        streams = both(lambda: coded_values._rice_final(words, k))  # noqa: B023
+        assert streams[0] == streams[1], k
+
+
+@needs_kernels
+def test_final_rice_streams_past_2_62_bits_fall_back_to_numpy() -> None:
+    huge = np.full(4, 2**63, dtype=np.uint64)
+    with path(True):
+        assert native.rice_words(huge, 0) is None
+        assert native.rice_words(huge, 63) == (b"\xaa", bytes(32))  # quotients 1: 0b01 x 4
 
 
 @st.composite

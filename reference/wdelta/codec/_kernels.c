@@ -354,6 +354,42 @@ void wd_rice_decode(const int64_t *ones, int64_t count, const uint8_t *rem, int 
     }
 }
 
+/* The final Rice coding of coded values (§7.6.6): the n words, widened to 64 bits, with
+ * parameter k (0..63).  wd_rice_words_bits is the unary stream's length in bits, the sum
+ * of (w >> k) + 1, or -1 past 2^62 (never for the k the encoder picks, whose streams are
+ * smaller than the words' byte planes). */
+int64_t wd_rice_words_bits(const uint64_t *w, int64_t n, int k) {
+    uint64_t bits = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t q = w[i] >> k;
+        if (q > (1ULL << 62) - bits) return -1;
+        bits += q + 1;
+    }
+    return bits > (1ULL << 62) ? -1 : (int64_t)bits;
+}
+
+/* Both streams: the unary one into ubytes = ceil(bits / 8) bytes and the n k-bit
+ * remainders into ceil(n * k / 8) bytes, LSB first, padding bits zero.  A field starts
+ * at bit i * k and spans at most 9 bytes (k <= 63, shifted by up to 7). */
+void wd_rice_words(const uint64_t *w, int64_t n, int k, uint8_t *unary, int64_t ubytes,
+                   uint8_t *rem) {
+    int64_t rbytes = (n * k + 7) / 8;
+    uint64_t mask = k ? (~0ULL >> (64 - k)) : 0, bit = 0;
+    memset(unary, 0, (size_t)ubytes);
+    memset(rem, 0, (size_t)rbytes);
+    for (int64_t i = 0; i < n; i++) {
+        bit += w[i] >> k;
+        unary[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+        bit++;
+        if (!k) continue;
+        uint64_t at = (uint64_t)i * (uint64_t)k, v = w[i] & mask;
+        int shift = (int)(at & 7);
+        uint64_t lo = v << shift, hi = shift ? v >> (64 - shift) : 0;
+        for (int64_t j = 0, b = (int64_t)(at >> 3); j < 9 && b < rbytes; j++, b++)
+            rem[b] |= (uint8_t)(j < 8 ? lo >> (8 * j) : hi);
+    }
+}
+
 /* The bitmap of ceil(m / 8) bytes (nbytes) with bit pos[i] set, LSB first. */
 void wd_bitmap(const int64_t *pos, int64_t n, uint8_t *out, int64_t nbytes) {
     memset(out, 0, (size_t)nbytes);

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EncodingInvalidError, IndexOutOfRangeError
-from . import leb128, planes, positions
+from . import leb128, native, planes, positions
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 Positions = positions.Positions
@@ -226,12 +226,14 @@ def _rice_final(rest: Words, k: int) -> bytes:
     if not len(rest):  # no value left open: an empty unary stream
         return bytes([RICE, k, 0])
     wide = rest.astype(np.uint64)
-    ones = wide >> np.uint64(k)
-    ones += np.uint64(1)
-    np.cumsum(ones, out=ones)
-    ones -= np.uint64(1)
-    unary = positions.unary_stream(ones)
-    rem = _pack_fields(wide, k)
+    streams = native.rice_words(wide, k) if native.usable(wide) else None
+    if streams is None:
+        ones = wide >> np.uint64(k)
+        ones += np.uint64(1)
+        np.cumsum(ones, out=ones)
+        ones -= np.uint64(1)
+        streams = positions.unary_stream(ones), _pack_fields(wide, k)
+    unary, rem = streams
     return b"".join((bytes([RICE, k]), leb128.encode(len(unary)), unary, rem))
 
 

@@ -44,6 +44,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_set_bits": (_I64, [_P, _I64, _P, _I64]),
     "wd_rice_decode": (None, [_P, _I64, _P, _INT, _P]),
     "wd_bitmap": (None, [_P, _I64, _P, _I64]),
+    "wd_rice_words_bits": (_I64, [_P, _I64, _INT]),
+    "wd_rice_words": (None, [_P, _I64, _INT, _P, _I64, _P]),
     "wd_plane_counts": (None, [_P, _I64, _INT, _P]),
     "wd_gap_quotients": (None, [_P, _I64, _I64, _INT, _INT, _P]),
     "wd_rice_positions": (_INT, [_P, _I64, _INT, _P, _I64]),
@@ -165,6 +167,20 @@ def rice_decode(ones: Positions, remainders: bytes | memoryview, k: int) -> Posi
     out = np.empty(len(ones), dtype=np.int64)
     _lib().wd_rice_decode(ptr(ones), len(ones), ptr(raw), k, ptr(out))
     return out
+
+
+def rice_words(wide: np.ndarray[Any, np.dtype[np.uint64]], k: int) -> tuple[bytes, bytes] | None:
+    """(unary stream, remainder stream) of the non-empty words ``wide`` with parameter k
+    (0..63); None where the unary stream would pass 2^62 bits (the caller's NumPy path
+    then refuses it as it always did)."""
+    lib = _lib()
+    bits = lib.wd_rice_words_bits(ptr(wide), len(wide), k)
+    if bits < 0:
+        return None
+    unary = np.empty((bits + 7) // 8, dtype=np.uint8)
+    rem = np.empty((len(wide) * k + 7) // 8, dtype=np.uint8)
+    lib.wd_rice_words(ptr(wide), len(wide), k, ptr(unary), len(unary), ptr(rem))
+    return unary.tobytes(), rem.tobytes()
 
 
 def bitmap(pos: Positions, m: int) -> bytes:
