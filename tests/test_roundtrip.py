@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.numpy import save_file
 
 import wdelta
 from kit import (
@@ -37,6 +38,8 @@ from kit import (
     word_dtype,
     words_to_array,
 )
+from wdelta.ops.encoder import DiffOptions, diff_checkpoints
+from wdelta.ops.tensors import checkpoint_of
 
 Arrays = dict[str, Any]
 
@@ -357,6 +360,37 @@ def test_in_memory_inputs_untouched_and_outputs_independent(tmp_path: Path) -> N
         for array in out.values():
             array[...] = 0
     assert {k: (raw(base[k]), raw(target[k])) for k in base} == saved
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_in_memory_tensors_of_many_chunks_have_their_file_digests(
+    threads: int, tmp_path: Path
+) -> None:
+    # An in-memory tensor of several chunks is hashed whole by its first chunk's worker,
+    # a file's chunk by chunk in order: both give the same tensor entries (digests and
+    # chunks; the sides' file layouts differ), the base hashed or taken as known (a
+    # publisher's own copy) alike.
+    rng = np.random.default_rng(31)
+    base = {n: rng.standard_normal(m).astype(np.float32) for n, m in (("a", 1000), ("b", 37))}
+    target = {n: w.copy() for n, w in base.items()}
+    target["a"][::13] += 1
+    target["b"][5] = 0
+    save_file(base, str(tmp_path / "b.safetensors"))
+    save_file(target, str(tmp_path / "t.safetensors"))
+    files = wdelta.diff(tmp_path / "b.safetensors", tmp_path / "t.safetensors",
+                        tmp_path / "f.wdelta", chunk_elements=64, threads=threads)  # fmt: skip
+    memory = wdelta.diff(base, target, tmp_path / "m.wdelta", chunk_elements=64, threads=threads)
+    with wdelta.open_delta(files) as d:
+        want = d.header.tensors
+    digests = {t.name: t.base_digest for t in want if t.base_digest}
+    assert len(want) == 2 and all(len(t.chunks) > 1 for t in want if t.name == "a")
+    known = tmp_path / "k.wdelta"
+    options = DiffOptions(chunk_elements=64, threads=threads)
+    diff_checkpoints(checkpoint_of(base), checkpoint_of(target), known, options,
+                     base_digests=digests)  # fmt: skip
+    for delta in (memory, known):
+        with wdelta.open_delta(delta) as d:
+            assert d.header.tensors == want
 
 
 def test_non_contiguous_arrays_are_read_in_c_order(tmp_path: Path) -> None:

@@ -29,7 +29,13 @@ from ..codec import coded_values
 from ..errors import BadArgumentError, CheckpointInvalidError, LimitExceededError
 from ..format import compact, inline_blobs, strictjson
 from ..format.container import PREFIX_SIZE, pack_prefix
-from ..format.digest import EMPTY_DIGEST, TensorIdentity, checkpoint_digest, digest_bytes
+from ..format.digest import (
+    EMPTY_DIGEST,
+    TensorIdentity,
+    checkpoint_digest,
+    digest_bytes,
+    new_hasher,
+)
 from ..format.header import FORMAT_VERSION
 from ..format.layout import side_json
 from ..format.names import Op
@@ -160,13 +166,15 @@ def _read(
     if tensor is None:
         return None
     # In-memory tensors are only read here (blobs are copies), so no copy is made.
-    words: Words | None
+    words: Words | None = None
     if tensor._changes is not None and base is not None:
         index, values = tensor._changes(task.start, task.count)
         words = base.copy()
         words[index] = values
-    else:
-        words = tensor.peek(task.start, task.count)
+    elif (words := tensor.peek(task.start, task.count)) is not None and not task.digests.single:
+        if task.index == 0 and not (which == 0 and task.item.base_known):
+            _hash_whole(task, which, tensor)
+        return words
     if words is None:
         words = tensor.read(task.start, task.count, buffers.get(which))
     if which == 0 and task.item.base_known:
@@ -176,6 +184,18 @@ def _read(
         key = ("base_digest", "target_digest")[which]
         task.item.digests[key] = task.digests.hexdigest(seq, which)
     return words
+
+
+def _hash_whole(task: _Task, which: int, tensor: Tensor) -> None:
+    """The digest of an in-memory tensor of several chunks, hashed whole by the worker
+    of its first chunk: its words are all there, so no chunk waits for its turn to feed
+    a digest in order (on a 1 GB bf16 share held in memory the sequencer's waits were
+    a seventh of the workers' time)."""
+    whole = tensor.peek(0, task.elements)
+    assert whole is not None
+    hasher = new_hasher(task.digests.workers, whole.nbytes)
+    hasher.update(whole.data.cast("B"))
+    task.item.digests[("base_digest", "target_digest")[which]] = str(hasher.hexdigest())
 
 
 def _run(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -> _Done:
