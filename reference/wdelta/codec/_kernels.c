@@ -116,29 +116,23 @@ AVX512 static inline void put_positions(int64_t *out, int64_t i, __mmask8 k) {
 /* Positions i + j of the c lanes j whose indices (bytes, or 16-bit words) a compress left
  * at the start of v, widened 8 at a time.  The first 8 are stored whatever c is (a
  * branch there would be mispredicted about as often as a register holds no change);
- * more than 8 in one register is rare below the bitmap density. */
-AVX512 static inline void put_indices8(int64_t *out, int64_t i, __m512i v, int c) {
-    __m512i at = _mm512_set1_epi64(i);
-    _mm512_storeu_si512(out, _mm512_add_epi64(at, _mm512_cvtepu8_epi64(_mm512_castsi512_si128(v))));
-    if (c <= 8) return;
-    uint8_t idx[64];
-    _mm512_storeu_si512(idx, v);
-    for (int j = 8; j < c; j += 8) {
-        __m128i eight = _mm_loadl_epi64((const __m128i *)(idx + j));
-        _mm512_storeu_si512(out + j, _mm512_add_epi64(at, _mm512_cvtepu8_epi64(eight)));
+ * more than 8 in one register is rare below the bitmap density.  LOAD reads the next 8
+ * indices (8 bytes, or 16 for 16-bit ones) from where v was stored. */
+#define PUT_INDICES(BITS, T, LOAD)                                                      \
+    AVX512 static inline void put_indices##BITS(int64_t *out, int64_t i, __m512i v, int c) { \
+        __m512i at = _mm512_set1_epi64(i);                                              \
+        __m512i first = _mm512_cvtepu##BITS##_epi64(_mm512_castsi512_si128(v));         \
+        _mm512_storeu_si512(out, _mm512_add_epi64(at, first));                          \
+        if (c <= 8) return;                                                             \
+        T idx[512 / BITS];                                                              \
+        _mm512_storeu_si512(idx, v);                                                    \
+        for (int j = 8; j < c; j += 8) {                                                \
+            __m128i eight = LOAD((const __m128i *)(idx + j));                           \
+            _mm512_storeu_si512(out + j, _mm512_add_epi64(at, _mm512_cvtepu##BITS##_epi64(eight))); \
+        }                                                                               \
     }
-}
-AVX512 static inline void put_indices16(int64_t *out, int64_t i, __m512i v, int c) {
-    __m512i at = _mm512_set1_epi64(i);
-    _mm512_storeu_si512(out, _mm512_add_epi64(at, _mm512_cvtepu16_epi64(_mm512_castsi512_si128(v))));
-    if (c <= 8) return;
-    uint16_t idx[32];
-    _mm512_storeu_si512(idx, v);
-    for (int j = 8; j < c; j += 8) {
-        __m128i eight = _mm_loadu_si128((const __m128i *)(idx + j));
-        _mm512_storeu_si512(out + j, _mm512_add_epi64(at, _mm512_cvtepu16_epi64(eight)));
-    }
-}
+PUT_INDICES(8, uint8_t, _mm_loadl_epi64)
+PUT_INDICES(16, uint16_t, _mm_loadu_si128)
 
 /* Each size's positions of the lanes set in k: compressed lane indices for the narrow
  * lanes (one compress for the register, not one per 8 lanes), compressed positions for
