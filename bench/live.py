@@ -204,7 +204,7 @@ def measure_publish(case: cases.Case, args: argparse.Namespace, tmp: Path) -> di
         times["save_and_store"].append(times["save_file"][-1] + stored)
         out.unlink()
         shutil.rmtree(tmp / "full-store")
-        took, size = _time_publish(base, target, args, tmp / f"chain{r}")
+        took, size = time_publish(base, target, args, tmp / f"chain{r}")
         times["publish"].append(took)
         sizes.append(size)
         print(f"[live] round {r}: " + ", ".join(f"{n} {times[n][-1].wall:.3f}s" for n in names),
@@ -212,7 +212,7 @@ def measure_publish(case: cases.Case, args: argparse.Namespace, tmp: Path) -> di
     return {**{n: _rounds(times[n]) for n in names}, "delta_bytes": sizes[0]}
 
 
-def _time_publish(
+def time_publish(
     base: dict[str, Any], target: dict[str, Any], args: argparse.Namespace, folder: Path
 ) -> tuple[Time, int]:
     """Time of ``publish(target)`` after an untimed ``publish(base)``; link bytes."""

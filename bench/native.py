@@ -231,8 +231,8 @@ def measure_publish(base: Path, target: Path, repeat: int, threads: int) -> dict
             for path in ("numpy", "native")[:: 1 if r % 2 == 0 else -1]:
                 os.environ[native.ENV] = "0" if path == "numpy" else "1"
                 try:
-                    took, _ = live._time_publish(*weights, argparse.Namespace(threads=threads),
-                                                 Path(tmp) / f"{path}{r}")  # fmt: skip
+                    took, _ = live.time_publish(*weights, argparse.Namespace(threads=threads),
+                                                Path(tmp) / f"{path}{r}")  # fmt: skip
                 finally:
                     os.environ.pop(native.ENV, None)
                 old = best.get(path, (took.wall, took.cpu))
