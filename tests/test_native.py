@@ -545,8 +545,10 @@ def test_final_rice_streams_are_the_same_on_both_paths(
     rng = np.random.default_rng(seed)
     for k in range(8 * size):
         top = min(8 * size, k + spread)
-        words = (rng.integers(0, 2**62, n, dtype=np.uint64) >> np.uint64(64 - top)) if top else (
-            np.zeros(n, dtype=np.uint64)
+        words = (
+            (rng.integers(0, 2**62, n, dtype=np.uint64) >> np.uint64(64 - top))
+            if top
+            else (np.zeros(n, dtype=np.uint64))
         )
         words = words.astype(word_dtype(size))
         streams = both(lambda: coded_values._rice_final(words, k))  # noqa: B023
@@ -678,3 +680,43 @@ def test_histograms_are_exact_alike(size: int, n: int, step: int, spread: str, s
     assert [a.tolist() for a in ranked[0]] == [a.tolist() for a in ranked[1]]
     planes = both(lambda: transform_policy._plane_counts((values, values[::-1].copy()), size))
     assert planes[0].tolist() == planes[1].tolist()
+
+
+def _estimates(found: values_policy.Costs | None) -> tuple[list[int], ...] | None:
+    return None if found is None else (found.plane, found.rice, found.spent, found.scanned)
+
+
+@needs_kernels
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.sampled_from(SIZES),
+    n=st.sampled_from([1, 2, 3, 9, 50, 300, 5000, 40_000]),
+    spread=st.sampled_from(["one", "skewed", "scaled", "all"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_size_estimates_are_the_same_on_both_paths(
+    size: int, n: int, spread: str, seed: int
+) -> None:
+    # The kernel's coded-values estimates (every number of levels: byte planes, final
+    # Rice, the levels' bytes, the values scanned) and the transform pick's score are
+    # the integers NumPy computes: one word throughout, an optimizer step's skewed
+    # words, skewed words times a large factor (wide Rice parameters, sums near the
+    # top of 4-byte words), any word (extremes included), and a sampled histogram
+    # (40,000 values: scaled counts).
+    rng = np.random.default_rng(seed)
+    dtype = word_dtype(size)
+    if spread == "all":
+        values = np.frombuffer(rng.bytes(n * size), dtype=dtype).copy()
+        values[: min(n, 2)] = [np.iinfo(dtype).max, 0][: min(n, 2)]
+    elif spread == "scaled":
+        top = np.iinfo(dtype).max // 64
+        values = (rng.geometric(0.2, n) * int(rng.integers(1, top + 1))).astype(dtype)
+    else:
+        values = (rng.geometric(rng.uniform(0.05, 0.9), n) * (spread == "skewed")).astype(dtype)
+    found = both(lambda: _estimates(values_policy.costs(values)))
+    assert found[0] == found[1]
+    # One estimate per number of levels, up to 8 (the words a sample found, at most).
+    assert found[0] is not None and 2 <= len(found[0][0]) <= min(8, len(np.unique(values))) + 1
+    scores = both(lambda: transform_policy.plane_score(values))
+    assert scores[0] == scores[1]
+    assert len(set(both(lambda: transform_policy.pick_words(values, values[::-1].copy())))) == 1

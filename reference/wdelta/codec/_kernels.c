@@ -718,3 +718,132 @@ int64_t wd_histogram(const void *values, int64_t n, int64_t step, int size, uint
         return histogram1((const uint8_t *)values, n, step, bins, present, words, counts);
     return histogram2((const uint16_t *)values, n, step, bins, present, words, counts);
 }
+
+/* ---- The encoder's size estimates, in fixed point -----------------------------------
+ * The same integers as wdelta/policy/values.py and transform.py compute with NumPy (their
+ * docstrings define each estimate): every step is an integer operation, exact in any
+ * order, so both paths make the same choices.  lg(x) is log2 of an integer x >= 1 in
+ * units of 2^-16 bits: the leading bit's index plus table[the next 10 bits] (the table
+ * comes from wdelta/policy/fixedlog.py). */
+
+#define LG_ONE 65536
+
+static inline int64_t lg(uint64_t x, const int32_t *table) {
+    int e = 63 - __builtin_clzll(x);
+    return (int64_t)e * LG_ONE + table[((x << (63 - e)) >> 53) & 1023];
+}
+
+/* Sum over the byte planes' 256-bin histograms of the n size-byte words of h * lg(h)
+ * (the transform pick's score: higher is fewer bits). */
+int64_t wd_plane_score(const uint8_t *words, int64_t n, int size, const int32_t *table) {
+    int64_t counts[256 * 8] = {0}, score = 0;
+    wd_plane_counts(words, n, size, counts);
+    for (int i = 0; i < 256 * size; i++)
+        if (counts[i]) score += counts[i] * lg((uint64_t)counts[i], table);
+    return score;
+}
+
+/* What values.py passes as ESTIMATE_CONSTANTS, in its order. */
+typedef struct {
+    int64_t table_bytes, rice_extra, level_extra, rice_max_size, never, lg_ln2, level_fraction;
+} estimate_constants;
+
+/* values.py's _plane_bytes for one suffix: the byte planes' histograms hist (256 per
+ * plane) of the left values still open. */
+static int64_t plane_bytes(const int64_t *hist, int size, int64_t left, const int32_t *table,
+                           const estimate_constants *c) {
+    int64_t summed = 0, lg_left = lg(left > 1 ? (uint64_t)left : 1, table);
+    for (int p = 0; p < size; p++) {
+        int64_t total = 0, distinct = 0;
+        for (int b = 0; b < 256; b++) {
+            int64_t h = hist[256 * p + b];
+            if (h <= 0) continue;
+            int64_t ratio = lg_left - lg((uint64_t)h, table);
+            total += h * (ratio > LG_ONE ? ratio : LG_ONE);
+            distinct++;
+        }
+        int64_t estimate = (total >> 3) + c->table_bytes * LG_ONE;
+        if (estimate > left * LG_ONE) estimate = left * LG_ONE;
+        if (distinct > 1) summed += estimate;
+    }
+    return (summed + LG_ONE - 1) >> 16;
+}
+
+/* values.py's _suffix_rice: rice[j] for the suffixes j = 0..levels, from the sums of
+ * w >> k over the words (sum_k) and over their first j (via head). */
+static void suffix_rice(const uint64_t *w, const int64_t *counts, int64_t nwords, int size,
+                        int levels, const int64_t *left, const int32_t *table,
+                        const estimate_constants *c, int64_t *rice) {
+    int64_t total = 0, centre[9];
+    for (int64_t i = 0; i < nwords; i++) total += (int64_t)w[i] * counts[i];
+    int top = 8 * size - 1;
+    for (int j = 0; j <= levels; j++) {
+        if (j) total -= (int64_t)w[j - 1] * counts[j - 1];
+        int64_t lt = lg(total > 1 ? (uint64_t)total : 1, table);
+        int64_t scaled = lt - lg(left[j] > 1 ? (uint64_t)left[j] : 1, table) + c->lg_ln2;
+        centre[j] = total > 0 && scaled >= LG_ONE ? scaled >> 16 : 0;
+        if (centre[j] > top) centre[j] = top;
+        rice[j] = c->never;
+    }
+    for (int k = 0; k <= top; k++) {
+        int needed = 0;
+        for (int j = 0; j <= levels; j++) needed |= centre[j] - 1 <= k && k <= centre[j] + 1;
+        if (!needed) continue;
+        int64_t quotients = 0, head[9];
+        for (int64_t i = 0; i < nwords; i++) quotients += (int64_t)(w[i] >> k) * counts[i];
+        for (int j = 0; j <= levels; j++) {
+            if (j) quotients -= (int64_t)(w[j - 1] >> k) * counts[j - 1];
+            head[j] = quotients;
+        }
+        for (int j = 0; j <= levels; j++) {
+            if (centre[j] - 1 > k || k > centre[j] + 1) continue;
+            int64_t cost = (head[j] + left[j] + 7) / 8 + (k * left[j] + 7) / 8 + c->rice_extra;
+            if (left[j] > 0 && cost < rice[j]) rice[j] = cost;
+        }
+    }
+}
+
+/* values.py's _level_estimates of level j (1-based): n values open, kept stay open. */
+static int64_t level_bytes(int64_t n, int64_t kept, int size, const estimate_constants *c) {
+    int f = (int)c->level_fraction;
+    int64_t best = INT64_MAX;
+    for (int k = 0; k < f; k++) {
+        int64_t half = ((int64_t)1 << (f - 1)) - ((int64_t)1 << (f - 1 - k));
+        int64_t quotients = ((n - kept) << (f - k)) - kept * half;
+        int64_t bits = (quotients > 0 ? quotients : 0) + ((kept * (k + 1)) << f);
+        if (bits < best) best = bits;
+    }
+    return ((best + ((int64_t)1 << (f + 3)) - 1) >> (f + 3)) + size + c->level_extra;
+}
+
+/* values.py's estimates of the nwords distinct words w, ranked, of counts counts, for
+ * L = 0..levels split levels (levels <= 8, levels <= nwords): plane[L], rice[L],
+ * spent[L] and scanned[L]; constants as values.py's ESTIMATE_CONSTANTS. */
+void wd_value_costs(const uint64_t *w, const int64_t *counts, int64_t nwords, int size,
+                    int levels, const int32_t *table, const int64_t *constants, int64_t *plane,
+                    int64_t *rice, int64_t *spent, int64_t *scanned) {
+    estimate_constants c;
+    memcpy(&c, constants, sizeof c);
+    int64_t hist[256 * 8] = {0}, left[9];
+    left[0] = 0;
+    for (int64_t i = 0; i < nwords; i++) {
+        left[0] += counts[i];
+        for (int p = 0; p < size; p++) hist[256 * p + ((w[i] >> (8 * p)) & 255)] += counts[i];
+    }
+    spent[0] = 2;
+    scanned[0] = 0;
+    for (int j = 0; j <= levels; j++) {
+        if (j) {
+            left[j] = left[j - 1] - counts[j - 1];
+            for (int p = 0; p < size; p++)
+                hist[256 * p + ((w[j - 1] >> (8 * p)) & 255)] -= counts[j - 1];
+            spent[j] = spent[j - 1] + level_bytes(left[j - 1], left[j], size, &c);
+            scanned[j] = scanned[j - 1] + left[j - 1];
+        }
+        plane[j] = plane_bytes(hist, size, left[j], table, &c);
+    }
+    if (size <= c.rice_max_size)
+        suffix_rice(w, counts, nwords, size, levels, left, table, &c, rice);
+    else
+        for (int j = 0; j <= levels; j++) rice[j] = c.never;
+}

@@ -52,6 +52,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wd_split_mask": (_I64, [_P, _I64, _INT, ctypes.c_uint64, _P, _P, _P]),
     "wd_rice_mask": (_I64, [_P, _I64, _I64, _INT, _P, _P, _I64]),
     "wd_histogram": (_I64, [_P, _I64, _I64, _INT, _P, _P, _P, _P]),
+    "wd_plane_score": (_I64, [_P, _I64, _INT, _P]),
+    "wd_value_costs": (None, [_P, _P, _I64, _INT, _INT, _P, _P, _P, _P, _P, _P]),
 }
 
 
@@ -273,3 +275,32 @@ def histogram(
     args = (ptr(values), len(values), step, size, ptr(bins), ptr(present), ptr(words), ptr(counts))
     distinct = lib.wd_histogram(*args)
     return words[:distinct], counts[:distinct]
+
+
+def plane_score(words: np.ndarray[Any, Any], table: np.ndarray[Any, np.dtype[np.int32]]) -> int:
+    """The sum over the byte planes' 256-bin histograms of ``words`` of h · lg(h), lg
+    the fixed-point logarithm whose 1024 fractions are ``table`` (wdelta.policy.fixedlog)."""
+    assert table.dtype == np.int32 and len(table) == 1024 and table.flags.c_contiguous
+    score: int = _lib().wd_plane_score(ptr(words), len(words), words.dtype.itemsize, ptr(table))
+    return score
+
+
+def value_costs(
+    words: np.ndarray[Any, np.dtype[np.uint64]], counts: np.ndarray[Any, np.dtype[np.int64]],
+    size: int, levels: int, table: np.ndarray[Any, np.dtype[np.int32]],
+    constants: tuple[int, ...],
+) -> tuple[list[int], list[int], list[int], list[int]]:  # fmt: skip
+    """The coded-values estimates (plane, rice, spent, scanned bytes for 0..``levels``
+    split levels) of the ranked distinct ``words`` (``size`` bytes each) of ``counts``,
+    as wdelta.policy.values computes them; ``constants`` are its ESTIMATE_CONSTANTS."""
+    assert words.dtype == np.uint64 and counts.dtype == np.int64 and len(words) == len(counts)
+    assert 1 <= levels <= min(8, len(words)) and table.dtype == np.int32 and len(table) == 1024
+    fixed = np.array(constants, dtype=np.int64)
+    out = np.empty((4, levels + 1), dtype=np.int64)
+    words, counts = np.ascontiguousarray(words), np.ascontiguousarray(counts)
+    rows = [ptr(row) for row in out]
+    _lib().wd_value_costs(
+        ptr(words), ptr(counts), len(words), size, levels, ptr(table), ptr(fixed), *rows
+    )
+    plane, rice, spent, scanned = out.tolist()
+    return plane, rice, spent, scanned

@@ -4,7 +4,8 @@ estimates it rests on.
 Informative (SPEC §11.2): either transform is valid for any chunk.  Zeroth-order
 entropy of each byte plane is what zstd's Huffman stage can reach on plane-split
 values, so it predicts which transform stores smaller without compressing twice.
-Estimates run on a sample of the changed elements.
+Estimates run on a sample of the changed elements, in fixed point
+(:mod:`.fixedlog`): the kernels and NumPy pick alike.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..codec import native, transform
 from ..format.names import Transform
+from . import fixedlog
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 # 16384 values estimate each plane's 256-bin entropy to well under the gap
@@ -82,9 +84,23 @@ def pick(base: Words, target: Words, sampled: np.ndarray[Any, Any]) -> Transform
 
 
 def pick_words(xor: Words, sub: Words) -> Transform:
-    """:func:`pick` from the sampled words of both transforms (``sub`` zigzag-coded)."""
-    xor_bits, sub_bits = value_bits_each(xor, sub)
-    return "sub" if sub_bits < xor_bits else "xor"
+    """:func:`pick` from the sampled words of both transforms (``sub`` zigzag-coded):
+    the one whose byte planes have fewer bits of entropy, by :func:`plane_score`."""
+    return "sub" if plane_score(sub) > plane_score(xor) else "xor"
+
+
+def plane_score(words: Words) -> int:
+    """The sum over the byte planes' 256-bin histograms of h · lg(h) (fixed point).
+
+    n words over s planes have n·s·log2(n) minus this many bits of summed plane
+    entropy (:func:`value_bits` times n): of two arrays of the same length and dtype,
+    the one of higher score has fewer.  Integers, exact in any order.
+    """
+    if native.usable(words):
+        return native.plane_score(words, fixedlog.table())
+    counts = _plane_counts((words,), words.dtype.itemsize)
+    seen = counts[counts > 0]
+    return int((seen * fixedlog.lg(seen)).sum())
 
 
 def entropy_bits(counts: np.ndarray[Any, Any]) -> float:
@@ -104,7 +120,8 @@ def plane_histograms(words: Words) -> list[np.ndarray[Any, Any]]:
 
 
 def value_bits(words: Words) -> float:
-    """Estimated bits per word when stored as separately coded byte planes.
+    """Estimated bits per word when stored as separately coded byte planes (a
+    measure for reports; the pick compares :func:`plane_score`).
 
     The sum over planes of :func:`entropy_bits` of each plane's histogram,
     to the last bit: the same terms are summed in the same order, but every

@@ -9,7 +9,6 @@ the levels of the cheapest total are built.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +16,11 @@ import numpy as np
 
 from ..codec import coded_values, leb128, native, sparse
 from ..codec.coded_values import MAX_LEVELS, PLANES, RICE, Coded
+from . import fixedlog
 from .rice import geometric_rice_k, words_rice_k
 
 Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
+Ints = np.ndarray[Any, np.dtype[np.int64]]
 
 
 @dataclass(frozen=True)
@@ -27,16 +28,18 @@ class Costs:
     """What :func:`encode` needs from a set of values, computed once: the distinct
     words by decreasing count (of a sample, scaled), and per number of split
     levels L = 0 .. ``len(plane) - 1`` the estimated bytes of the values left as
-    byte planes and as final Rice, of L and the final coding, and the values the
-    levels scan.  Costing a payload twice (before and after its v1 form is
-    compressed) reuses them."""
+    byte planes and as final Rice (:data:`NEVER` where Rice is not costed), of L
+    and the final coding, and the values the levels scan.  Costing a payload twice
+    (before and after its v1 form is compressed) reuses them.  Every estimate is
+    an integer computed in fixed point (:mod:`.fixedlog`), so that the kernel and
+    NumPy give the same numbers."""
 
     values: Words
     words: np.ndarray[Any, Any]
-    plane: np.ndarray[Any, Any]
-    rice: np.ndarray[Any, Any]
-    spent: np.ndarray[Any, Any]
-    scanned: np.ndarray[Any, Any]
+    plane: list[int]
+    rice: list[int]
+    spent: list[int]
+    scanned: list[int]
 
 
 def costs(values: Words) -> Costs | None:
@@ -46,10 +49,14 @@ def costs(values: Words) -> Costs | None:
         return None
     size = values.dtype.itemsize
     most = min(MAX_LEVELS, len(words))
+    if native.usable(values):
+        table = fixedlog.table()
+        estimates = native.value_costs(words, counts, size, most, table, ESTIMATE_CONSTANTS)
+        return Costs(values, words, *estimates)
     plane, rice = _suffix_estimates(words, counts, size, most)
     # L and final-coding bytes, then the levels.
-    spent = np.concatenate(([2.0], 2 + np.cumsum(_level_estimates(counts, size, most))))
-    return Costs(values, words, plane, rice, spent, LEVEL_SCAN_BYTES * _scanned(counts, most))
+    spent = [2, *(2 + np.cumsum(_level_estimates(counts, size, most))).tolist()]
+    return Costs(values, words, plane, rice, spent, _scanned(counts, most))
 
 
 def encode(values: Words, planes_bytes: int | None = None, min_gain: float = 0.0) -> Coded | None:
@@ -75,25 +82,26 @@ def choose(found: Costs, planes_bytes: int | None = None, min_gain: float = 0.0)
     say they pay, so a None costs a histogram, not a pass over the values.
     """
     plane, rice = found.plane, found.rice
-    v1 = float(plane[0])
-    if planes_bytes is not None and v1:
+    v1 = plane[0]
+    if planes_bytes is not None and planes_bytes > v1 > 0:
         # planes_bytes can also be below the estimate: the caller counts the
         # positions raw, and zstd may have shrunk them (Rice unary streams).
-        plane = np.ceil(plane * max(1.0, planes_bytes / v1))
-        v1 = float(plane[0])
-    finals = np.where(rice < plane, RICE, PLANES)
-    totals = found.spent + np.minimum(plane, rice)
-    best = int(np.argmin(totals + found.scanned))
-    if best == 0 and (finals[0] == PLANES or totals[0] >= v1):
+        plane = [-(-p * planes_bytes // v1) for p in plane]
+        v1 = plane[0]
+    totals = [s + min(p, r) for s, p, r in zip(found.spent, plane, rice, strict=True)]
+    weighed = [t * LEVEL_SCAN_DIVISOR + v for t, v in zip(totals, found.scanned, strict=True)]
+    best = weighed.index(min(weighed))
+    final = RICE if rice[best] < plane[best] else PLANES
+    if best == 0 and (final == PLANES or totals[0] >= v1):
         return None
     if totals[best] >= v1 * (1 - min_gain):
         return None
-    return _build(found.values, found.words, best, int(finals[best]))
+    return _build(found.values, found.words, best, final)
 
 
-# What a level's pass over the values still open is worth in bytes, per value:
-# the choice of the number of levels minimises estimated bytes plus this times
-# the values scanned.  The estimates slightly overrate the third and later
+# What a level's pass over the values still open is worth in bytes, per value,
+# is 1/LEVEL_SCAN_DIVISOR: the choice of the number of levels minimises estimated
+# bytes plus the values scanned over this.  The estimates slightly overrate the third and later
 # levels, which each scan most of what the second left for 0.1-0.5% of the
 # bytes; against 0, 1/32 made the real trace's deltas up to 0.3% smaller.  But
 # at 1/32 the fp8 weights of a step at lr 1e-4 (17% of elements changed, values
@@ -104,29 +112,46 @@ def choose(found: Costs, planes_bytes: int | None = None, min_gain: float = 0.0)
 # 48 pairs of the main trace are within 0.01% of 1/32 (worst pairs 0.9735-0.9806
 # of the allowance), the synthetic fp8 2% delta is 0.9% smaller, bf16 2% the
 # same, and one-thread diff CPU is the same within noise (1.41-1.54 s).
-LEVEL_SCAN_BYTES = 1 / 128
+LEVEL_SCAN_DIVISOR = 128
 
 
-def _scanned(counts: np.ndarray[Any, Any], levels: int) -> np.ndarray[Any, Any]:
+def _open(counts: Ints, levels: int) -> Ints:
+    """Values still open after 0 .. ``levels`` split levels (the first words split off)."""
+    out: Ints = int(counts.sum()) - np.concatenate(([0], np.cumsum(counts[:levels])))
+    return out
+
+
+def _scanned(counts: Ints, levels: int) -> list[int]:
     """Values the passes of 0 .. ``levels`` split levels scan (each scans those open)."""
-    weights = counts.astype(np.float64)
-    open_ = float(weights.sum()) - np.concatenate(([0.0], np.cumsum(weights[: levels - 1])))
-    scanned: np.ndarray[Any, Any] = np.concatenate(([0.0], np.cumsum(open_[:levels])))
+    scanned: list[int] = np.concatenate(([0], np.cumsum(_open(counts, levels)[:levels]))).tolist()
     return scanned
 
 
-def _level_estimates(counts: np.ndarray[Any, Any], size: int, levels: int) -> np.ndarray[Any, Any]:
+# A level's Rice quotient bits are estimated in units of 2^-LEVEL_FRACTION bits, for
+# k = 0 .. LEVEL_MAX_K: exact integers for any k there (a level never needs more).
+LEVEL_FRACTION = 21
+LEVEL_MAX_K = LEVEL_FRACTION - 1
+
+
+def _level_estimates(counts: Ints, size: int, levels: int) -> Ints:
     """Estimated bytes of levels 1 .. ``levels``: split word, k, U and the Rice streams
     of c_j kept among n_j open values with geometric gaps (mean (n_j - c_j) / c_j),
-    for the best k; k = 0 is exact (the mask itself, n_j bits at most)."""
-    weights = counts.astype(np.float64)
-    open_ = float(weights.sum()) - np.concatenate(([0.0], np.cumsum(weights[:levels])))
-    n, kept = open_[:-1], open_[1:]
-    scale = 2.0 ** -np.arange(21)
-    quotients = np.maximum(0.0, np.outer(n - kept, scale) - np.outer(kept, (1 - scale) / 2))
-    bits = quotients + np.outer(kept, np.arange(21) + 1)
-    estimate: np.ndarray[Any, Any] = np.ceil(bits.min(axis=1) / 8) + size + 3
+    for the best k: the quotients' expected bits max(0, (n_j - c_j) / 2^k - c_j (1 -
+    2^-k) / 2), plus c_j (k + 1); k = 0 is exact (the mask itself, n_j bits at most)."""
+    left = _open(counts, levels)
+    n, kept = left[:-1, None], left[1:, None]
+    k = np.arange(LEVEL_MAX_K + 1, dtype=np.int64)
+    half = (1 << (LEVEL_FRACTION - 1)) - (1 << (LEVEL_FRACTION - 1 - k))
+    quotients = np.maximum(0, ((n - kept) << (LEVEL_FRACTION - k)) - kept * half)
+    bits = quotients + ((kept * (k + 1)) << LEVEL_FRACTION)
+    estimate: Ints = _ceil_shift(bits.min(axis=1), LEVEL_FRACTION + 3) + size + 3
     return estimate
+
+
+def _ceil_shift(x: Ints, shift: int) -> Ints:
+    """ceil(x / 2^shift) of non-negative integers."""
+    out: Ints = (x + ((1 << shift) - 1)) >> shift
+    return out
 
 
 def encode_as(values: Words, levels: int, final: int) -> Coded:
@@ -154,15 +179,16 @@ def _build(values: Words, words: np.ndarray[Any, Any], levels: int, final: int) 
 HISTOGRAM_SAMPLE = 1 << 15
 
 
-def _ranked(values: Words) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """(distinct words, counts) by decreasing count, then increasing word; counts
-    of a sample scaled to ``len(values)`` (floats) above HISTOGRAM_SAMPLE values."""
+def _ranked(values: Words) -> tuple[np.ndarray[Any, Any], Ints]:
+    """(distinct words, counts) by decreasing count, then increasing word; counts of a
+    sample scaled to ``len(values)`` (rounded down) above HISTOGRAM_SAMPLE values."""
     step = max(1, -(-len(values) // HISTOGRAM_SAMPLE))
     words, counts = _histogram(values, step)
-    if step > 1:
-        counts = counts * (len(values) / counts.sum())
     order = np.lexsort((words, -counts))
-    return words[order], counts[order]
+    words, counts = words[order], counts[order].astype(np.int64)
+    if step > 1:
+        counts = counts * len(values) // int(counts.sum())
+    return words, counts
 
 
 # From this share of open values that stay open on, k = 0 is the best Rice
@@ -228,20 +254,27 @@ def _histogram(values: Words, step: int = 1) -> tuple[np.ndarray[Any, Any], np.n
 # costs at least one bit (a Huffman code has at least one), a plane of one
 # repeated byte is an RLE block, and a table costs some bytes.
 _TABLE_BYTES = 16
+# Final Rice coding is costed for words of up to this many bytes: their sums over a
+# chunk stay below 2^58 (2^26 elements of 32 bits).  Wider words (float64) keep
+# their final values as byte planes.
+RICE_MAX_WORD_BYTES = 4
+NEVER = 1 << 60  # the cost of a coding that is not costed
+# What the kernel's estimates take from this module: _TABLE_BYTES, the bytes a
+# final Rice coding adds to its streams (coding byte, k, ULEB128 length), a level's
+# bytes besides its streams (split word aside: k, L's share, U), RICE_MAX_WORD_BYTES,
+# NEVER, LG_LN2 and LEVEL_FRACTION.
+ESTIMATE_CONSTANTS = (
+    _TABLE_BYTES, leb128.MAX_BYTES + 2, 3, RICE_MAX_WORD_BYTES, NEVER, fixedlog.LG_LN2,
+    LEVEL_FRACTION,
+)  # fmt: skip
 
 
 def _suffix_estimates(
-    words: np.ndarray[Any, Any], counts: np.ndarray[Any, Any], size: int, levels: int
-) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    words: np.ndarray[Any, Any], counts: Ints, size: int, levels: int
+) -> tuple[list[int], list[int]]:
     """Estimated bytes of ``words[j:]`` (the first j split off) as compressed byte
     planes and as final Rice coding, for j = 0 .. ``levels`` at once."""
-    weights = counts.astype(np.float64)
-    left = float(weights.sum()) - np.concatenate(([0.0], np.cumsum(weights[:levels])))
-    if size == 1:
-        # One plane whose bytes are the (distinct) words: suffix j drops columns < j.
-        hists = np.where(np.arange(len(words))[None, :] >= np.arange(levels + 1)[:, None],
-                         weights[None, :], 0.0)  # fmt: skip
-        return _plane_bytes(hists, left, None), _suffix_rice(words, weights, left, size, levels)
+    left = _open(counts, levels)
     # Every suffix (axis 0) and every (plane, byte) column that occurs (axis 1)
     # at once: small chunks are common (fp8 block scales: ~50 values), and
     # per-call overhead or 256 columns per plane would dominate.
@@ -255,55 +288,56 @@ def _suffix_estimates(
     cols = np.flatnonzero(present)
     inverse = (np.cumsum(present) - 1)[byte.ravel()]
     column = inverse.reshape(size, len(words))
-    flat = np.bincount(inverse, weights=np.tile(weights, size), minlength=len(cols))
-    top = np.zeros((levels + 1, len(cols)))
-    top[np.arange(1, levels + 1)[None, :], column[:, :levels]] = weights[:levels][None, :]
-    hists = flat[None, :] - np.cumsum(top, axis=0)
+    # Float sums of integers below 2^53: exact.
+    flat = np.bincount(inverse, weights=np.tile(counts, size), minlength=len(cols))
+    top = np.zeros((levels + 1, len(cols)), dtype=np.int64)
+    top[np.arange(1, levels + 1)[None, :], column[:, :levels]] = counts[:levels][None, :]
+    hists = flat.astype(np.int64)[None, :] - np.cumsum(top, axis=0)
     starts = np.searchsorted(cols, 256 * np.arange(size))
-    return _plane_bytes(hists, left, starts), _suffix_rice(words, weights, left, size, levels)
+    return _plane_bytes(hists, left, starts), _suffix_rice(words, counts, left, size, levels)
 
 
-def _plane_bytes(
-    hists: np.ndarray[Any, Any], left: np.ndarray[Any, Any], starts: np.ndarray[Any, Any] | None
-) -> np.ndarray[Any, Any]:
+def _plane_bytes(hists: Ints, left: Ints, starts: Ints) -> list[int]:
     """Per suffix (row), the estimated bytes of the planes whose byte histograms are
-    the columns of ``hists`` (plane p from column ``starts[p]``; None: one plane)."""
-    present = hists > 0.5
-    ratio = left[:, None] / np.where(present, hists, 1.0)
-    bits = np.where(present, hists * np.maximum(1.0, np.log2(np.maximum(ratio, 1.0))), 0.0)
-    if starts is None:
-        total, distinct = bits.sum(axis=1)[:, None], present.sum(axis=1)[:, None]
-    else:
-        total = np.add.reduceat(bits, starts, axis=1)
-        distinct = np.add.reduceat(present, starts, axis=1)
-    estimate = np.minimum(total / 8 + _TABLE_BYTES, left[:, None])
-    plane: np.ndarray[Any, Any] = np.ceil(np.where(distinct > 1, estimate, 0.0).sum(axis=1))
+    the columns of ``hists`` (plane p from column ``starts[p]``): each byte of count h
+    among ``left`` costs max(1, log2(left / h)) bits, in fixed point."""
+    present = hists > 0
+    ratio = fixedlog.lg(np.maximum(left, 1))[:, None] - fixedlog.lg(np.maximum(hists, 1))
+    bits = np.where(present, hists * np.maximum(fixedlog.ONE, ratio), 0)
+    total = np.add.reduceat(bits, starts, axis=1)
+    distinct = np.add.reduceat(present, starts, axis=1)
+    estimate = np.minimum((total >> 3) + _TABLE_BYTES * fixedlog.ONE, left[:, None] * fixedlog.ONE)
+    summed = np.where(distinct > 1, estimate, 0).sum(axis=1)
+    plane: list[int] = _ceil_shift(summed, fixedlog.FRACTION_BITS).tolist()
     return plane
 
 
 def _suffix_rice(
-    words: np.ndarray[Any, Any], weights: np.ndarray[Any, Any], left: np.ndarray[Any, Any],
-    size: int, levels: int,
-) -> np.ndarray[Any, Any]:  # fmt: skip
+    words: np.ndarray[Any, Any], counts: Ints, left: Ints, size: int, levels: int
+) -> list[int]:
     """Bytes (with the coding and k bytes) of the final Rice coding of ``words[j:]``,
-    k the best of three near log2(mean · ln 2) as for positions; inf where no word is left.
-    Every candidate k of every suffix is costed in one (k, word) matrix."""
-    value = words.astype(np.float64) * weights
-    total = float(value.sum()) - np.concatenate(([0.0], np.cumsum(value[:levels])))
-    mean = total / np.maximum(left, 1.0) * math.log(2)
-    centre = np.where(mean >= 1, np.floor(np.log2(np.maximum(mean, 1.0))), 0.0).astype(np.int64)
+    k the best of three near log2(mean · ln 2) as for positions; NEVER where no word
+    is left or words are wider than RICE_MAX_WORD_BYTES.  Every candidate k of every
+    suffix is costed in one (k, word) matrix."""
+    if size > RICE_MAX_WORD_BYTES:
+        return [NEVER] * (levels + 1)
+    value = words.astype(np.int64) * counts
+    total = int(value.sum()) - np.concatenate(([0], np.cumsum(value[:levels])))
+    scaled = fixedlog.lg(np.maximum(total, 1)) - fixedlog.lg(np.maximum(left, 1)) + fixedlog.LG_LN2
+    centre = np.where((total > 0) & (scaled >= fixedlog.ONE), scaled >> fixedlog.FRACTION_BITS, 0)
     centre = np.minimum(centre, 8 * size - 1)
     near = {min(max(c + d, 0), 8 * size - 1) for c in centre.tolist() for d in (-1, 0, 1)}
     ks = np.array(sorted(near), dtype=np.int64)
-    shifted = (words[None, :] >> ks.astype(np.uint64)[:, None]).astype(np.float64) * weights
+    shifted = (words[None, :] >> ks.astype(np.uint64)[:, None]).astype(np.int64) * counts
     head = np.cumsum(shifted[:, :levels], axis=1)
     quotients = shifted.sum(axis=1)[:, None] - np.concatenate(
-        (np.zeros((len(ks), 1)), head), axis=1
+        (np.zeros((len(ks), 1), dtype=np.int64), head), axis=1
     )  # (k, suffix)
-    cost = np.ceil((quotients + left) / 8) + np.ceil(np.outer(ks, left) / 8)
-    cost[np.abs(centre[None, :] - ks[:, None]) > 1] = np.inf
+    cost = _ceil_shift(quotients + left, 3) + _ceil_shift(ks[:, None] * left, 3)
+    cost[np.abs(centre[None, :] - ks[:, None]) > 1] = NEVER
     best = cost.min(axis=0) + leb128.MAX_BYTES + 2
-    return np.where(left > 0.5, best, np.inf)
+    rice: list[int] = np.where(left > 0, best, NEVER).tolist()
+    return rice
 
 
 # Values that the codec stores in fewer bytes than this are not worth a try:
