@@ -137,10 +137,10 @@ def _instrument(pub: Any) -> dict[str, list[float]]:
     for obj, attr, label in targets:
         fn = getattr(obj, attr)
 
-        def timed(*a: Any, _fn: Any = fn, _label: str = label) -> Any:
+        def timed(*a: Any, _fn: Any = fn, _label: str = label, **kw: Any) -> Any:
             start = time.perf_counter()
             try:
-                return _fn(*a)
+                return _fn(*a, **kw)
             finally:
                 phases.setdefault(_label, []).append(time.perf_counter() - start)
 

@@ -30,7 +30,7 @@ def test_a_failure_after_the_commit_names_the_revision(
     pub = distributed.DistributedPublisher(c)
     pub.publish(weights(0))
 
-    def fails(*args: Any) -> None:
+    def fails(*args: Any, **kwargs: Any) -> None:
         raise StorageError("injected: the previous copy cannot be brought forward")
 
     monkeypatch.setattr(pub._local, "_advance", fails)

@@ -368,14 +368,19 @@ def test_load_without_a_cache_leaves_none_behind(tmp_path: Path) -> None:
     }  # NumPy arrays (device=None), bit-identical to the published tensors
 
 
+@pytest.mark.parametrize("native_path", ["1", "0"])
 def test_publish_failures_keep_or_drop_the_previous_copy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_path: str
 ) -> None:
-    """A refused append publishes nothing and keeps the copy (the next step diffs
-    against it); a copy that cannot be brought forward after its version was
-    published is dropped, and publishing resumes with ``previous=``."""
-    from wdelta.ops import inplace
+    """The diff brings the copy forward as it goes (changed words from the compiled
+    pass, or whole chunks on the NumPy path).  A refused append publishes nothing
+    and takes the copy back (the next step diffs against it: the chain replays to
+    the right weights); a diff or a take-back that is interrupted drops the copy,
+    and publishing resumes with ``previous=``."""
+    from wdelta.chain.live import weights as live_weights
+    from wdelta.ops import encoder, inplace
 
+    monkeypatch.setenv("WDELTA_NATIVE", native_path)
     c = new_chain(tmp_path)
     pub = chain.Publisher(c)
     s0 = state(0)
@@ -383,20 +388,43 @@ def test_publish_failures_keep_or_drop_the_previous_copy(
     s1 = next_state(s0, 1)
     with pytest.raises(chain.ConflictError):
         pub.publish(s1, step=3)
+    assert chain.weights_digest(pub._previous) == chain.weights_digest(s0)  # type: ignore[arg-type]
     assert pub.publish(s1, step=6).head.digest == chain.weights_digest(s1)
+    assert chain.weights_digest(pub._previous) == chain.weights_digest(s1)  # type: ignore[arg-type]
     s2 = next_state(s1, 2)
 
     def interrupted(*args: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(inplace, "_write_chunk", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        pub.publish(s2, step=7)
-    monkeypatch.undo()
-    assert c.head().head.digest == chain.weights_digest(s2)
+    with monkeypatch.context() as m:
+        m.setattr(encoder, "_advance", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            pub.publish(s2, step=7)
+    assert c.head().head.digest == chain.weights_digest(s1)  # nothing published
     with pytest.raises(wdelta.BadArgumentError, match="previous="):
-        pub.publish(next_state(s2, 3), step=8)
-    resumed = chain.Publisher(c, previous=s2)
-    assert resumed.publish(next_state(s2, 3), step=8).head.number == 3
+        pub.publish(s2, step=7)
+    pub = chain.Publisher(c, previous=s1)
+    with monkeypatch.context() as m:  # the take-back after a refused append
+        m.setattr(inplace, "_write_chunk", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            pub.publish(s2, step=2)
+    assert pub._previous is None
+    assert c.head().head.digest == chain.weights_digest(s1)
+    pub = chain.Publisher(c, previous=s1)
+    assert pub.publish(s2, step=7).head.digest == chain.weights_digest(s2)
+    # A step that adds a tensor is applied to the copy after the append (the diff
+    # brings forward only tensors present on both sides); interrupted, the copy
+    # is dropped although the version is published.
+    s3 = {**next_state(s2, 3), "lm_head.weight": random_tensor(torch.bfloat16, (8, 8), 9)}
+    assert live_weights.Publisher._advance_words(pub, s3) is None
+    with monkeypatch.context() as m:
+        m.setattr(inplace, "_write_chunk", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            pub.publish(s3, step=8)
+    assert c.head().head.digest == chain.weights_digest(s3)
+    with pytest.raises(wdelta.BadArgumentError, match="previous="):
+        pub.publish(next_state(s3, 4), step=9)
+    resumed = chain.Publisher(c, previous=s3)
+    assert resumed.publish(next_state(s3, 4), step=9).head.number == 4
     weights, _ = chain.load(new_chain(tmp_path), device="cpu")
-    assert same(weights, next_state(s2, 3))
+    assert same(weights, next_state(s3, 4))

@@ -420,7 +420,7 @@ def test_bench_measures_the_real_trace_series(tmp_path: Path) -> None:
 def _parts(found: Any) -> Any:
     if found is None:
         return None
-    c, kind, p = found
+    c, kind, p, _ = found
     return c, kind, p.coding, p.k, p.unary_len, bytes(p.streams), p.values.tobytes()
 
 
@@ -439,7 +439,13 @@ def test_native_changes_at_any_density_match_numpy(
         with path(mode):
             found = native.changes(base, target, len(base))
             assert found is not None
-            assert _parts(chunk_policy._native_changes(base, target, *found)) == want
+            parts = chunk_policy._native_changes(base, target, *found)
+            assert _parts(parts) == want
+            if parts is not None:  # what a publisher's copy is brought forward with
+                pos, xor = parts[3] or (None, None)
+                assert pos is not None and xor is not None
+                assert pos.tolist() == np.flatnonzero(base != target).tolist()
+                assert xor.tobytes() == (base[pos] ^ target[pos]).tobytes()
 
 
 @pytest.fixture(scope="module")
@@ -593,7 +599,7 @@ def test_position_streams_come_from_the_positions_alike(
         plans[1].nbytes,
     )
     values = np.arange(len(pos), dtype=np.uint16)
-    parts = both(lambda: _parts((len(pos), "xor", sparse.parts(pos, values, m, plans[1]))))
+    parts = both(lambda: _parts((len(pos), "xor", sparse.parts(pos, values, m, plans[1]), None)))
     assert parts[0] == parts[1]
     gaps = positions.gaps_of(pos)
     unary, rem = both(lambda: positions.rice_encode(gaps, k))[0]

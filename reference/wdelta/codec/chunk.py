@@ -22,11 +22,17 @@ Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 
 @dataclass(frozen=True)
 class Encoded:
-    """A chunk's header fields (without offset/checksum) and its stored blob."""
+    """A chunk's header fields (without offset/checksum) and its stored blob.
+
+    ``changes``, where the encoder has them from one pass (the compiled change
+    pass): the positions where base and target differ and the XOR of their words
+    there, so that a caller can bring its base to the target in place.
+    """
 
     fields: dict[str, Any]
     blob: bytes | memoryview | None
     coded: bool = False  # a sparse payload with coded values (feature coded-values)
+    changes: tuple[np.ndarray[Any, np.dtype[np.int64]], Words] | None = None
 
 
 def store(

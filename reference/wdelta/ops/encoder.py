@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from .._version import __version__
 from ..checkpoint.source import (
     Checkpoint,
@@ -25,7 +27,7 @@ from ..checkpoint.source import (
     is_shard_name,
 )
 from ..codec import chunk as chunk_codec
-from ..codec import coded_values
+from ..codec import coded_values, native
 from ..errors import BadArgumentError, CheckpointInvalidError, LimitExceededError
 from ..format import compact, inline_blobs, strictjson
 from ..format.container import PREFIX_SIZE, pack_prefix
@@ -65,6 +67,7 @@ class _Plan:
     chunks: list[dict[str, Any]] = field(default_factory=list)
     digests: dict[str, Any] = field(default_factory=dict)
     base_known: bool = False  # base_digest given by the caller: its words are not hashed
+    advance: Words | None = None  # the base's own words, brought to the target chunk by chunk
 
     @property
     def tensor(self) -> Tensor:
@@ -216,6 +219,8 @@ def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -
         encoded = chunk_policy.encode_modified(
             base, target, opts.level, not opts.reversible, opts.coded_values
         )
+        if plan.advance is not None and encoded.fields["encoding"] != "unchanged":
+            _advance(plan.advance[task.start : task.start + task.count], target, encoded)
     elif plan.op == "added":
         assert target is not None
         encoded = chunk_codec.encode_full(target, opts.level)
@@ -227,6 +232,16 @@ def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -
     if encoded is None or encoded.blob is None:
         return _Done(task, encoded)
     return _Done(task, encoded, digest_bytes(encoded.blob))
+
+
+def _advance(words: Words, target: Words, encoded: chunk_codec.Encoded) -> None:
+    """Bring a base chunk's own ``words`` to ``target``: the changed words only where the
+    encoder has them with their XOR (one in-place kernel pass), else a copy."""
+    if encoded.changes is not None and native.usable(words):
+        pos, xor = encoded.changes
+        native.apply(False, False, words, pos, xor)
+    else:
+        np.copyto(words, target)
 
 
 class _BlobWriter:
@@ -373,7 +388,7 @@ def _header_bytes(
 def diff_checkpoints(
     base: Checkpoint, target: Checkpoint, out: Path, opts: DiffOptions,
     progress: Progress | None = None, *, overwrite: bool = False,
-    base_digests: Mapping[str, str] | None = None,
+    base_digests: Mapping[str, str] | None = None, advance: Mapping[str, Words] | None = None,
 ) -> Path:  # fmt: skip
     """Write the delta base -> target to ``out`` atomically; returns ``out``.
 
@@ -381,6 +396,13 @@ def diff_checkpoints(
     (tensor name -> BLAKE3 hex) are taken as the base tensors' digests instead
     of hashing them: the caller vouches for them (a publisher's own copy of
     the weights it published); tensors not named there are hashed.
+
+    ``advance`` (tensor name -> the base tensor's own words, flat, writable) is
+    brought to the target as the diff goes: each changed chunk is written with
+    the target's words once it is encoded, so that a publisher's copy needs no
+    second pass.  Only for tensors whose base digest is in ``base_digests`` (the
+    words are not hashed after a chunk is rewritten); on failure the arrays are
+    partly brought forward.
 
     Blobs are written first, from the start of the temporary file; prefix and
     header are put in front of them once the header is known (:func:`_prepend`).
@@ -392,6 +414,8 @@ def diff_checkpoints(
     for plan in plans:
         if plan.base is not None and base_digests and plan.base.name in base_digests:
             plan.digests["base_digest"], plan.base_known = base_digests[plan.base.name], True
+        if advance and plan.op == "modified" and plan.base_known:
+            plan.advance = _advanced_words(plan, advance)
     with atomic_file(out, overwrite=overwrite) as fd:
         with os.fdopen(os.dup(fd), "wb") as data:
             blobs = _BlobWriter(data, opts.inline_blobs)
@@ -406,6 +430,19 @@ def diff_checkpoints(
         _check_header_size(header, plans, opts)
         _prepend(fd, header, blobs.offset)
     return out
+
+
+def _advanced_words(plan: _Plan, advance: Mapping[str, Words]) -> Words | None:
+    """The words ``advance`` names for the plan's base, checked against its layout."""
+    assert plan.base is not None
+    words = advance.get(plan.base.name)
+    if words is None:
+        return None
+    if words.shape != (plan.base.elements,) or words.dtype != plan.base.dtype.word:
+        raise BadArgumentError(f"tensor {plan.base.name!r}: the words to advance are not its own")
+    if not words.flags.writeable:
+        raise BadArgumentError(f"tensor {plan.base.name!r}: the words to advance are read-only")
+    return words
 
 
 def _check_describable(ckpt: Checkpoint, side: str) -> None:

@@ -378,17 +378,20 @@ def _commit(
     weights.update(added)
 
 
-def apply_unchecked(weights: MutableMapping[str, Any], d: Delta, threads: int) -> None:
-    """Forward :func:`apply_opened` without computing any digest, for a delta that
-    was just encoded from these very weights (a publisher's own copy): the words
-    are trusted to be its base, and the decoder to reproduce the target it hashed.
+def apply_unchecked(
+    weights: MutableMapping[str, Any], d: Delta, threads: int, reverse: bool = False
+) -> None:
+    """:func:`apply_opened` without computing any digest, for a delta that was just
+    encoded from these very weights (a publisher's own copy): the words are trusted
+    to be its base (``reverse``: its target), and the decoder to reproduce the other
+    side it hashed.
 
     Names, dtypes and shapes are checked; on failure the written chunks are undone.
     """
-    steps = decoder.plan_steps(d.header, False)
+    steps = decoder.plan_steps(d.header, reverse)
     slots = _slots(weights)
     _check_structure(slots, steps)
-    journal = _Journal(d, False)
+    journal = _Journal(d, reverse)
     try:
         _update(d, steps, slots, journal, threads, False)
         added = _build_added(d, steps, live.torch_device(weights), False)

@@ -8,6 +8,7 @@ candidate chunks that :mod:`wdelta.codec.chunk` writes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -174,18 +175,22 @@ def _sparse_positions(base: Words, target: Words) -> Positions | None:
     return pos
 
 
-def _changes(base: Words, target: Words) -> tuple[int, Transform, sparse.Parts] | None:
-    """(changed count, transform, sparse payload parts), or None if nothing changed."""
+Found = tuple[int, Transform, sparse.Parts, tuple[Positions, Words] | None]
+
+
+def _changes(base: Words, target: Words) -> Found | None:
+    """(changed count, transform, sparse payload parts, the positions and XOR words of
+    the changes where the compiled pass found them), or None if nothing changed."""
     if native.usable(base, target) and not _dense(base, target):
         found = native.changes(base, target, len(base) // NATIVE_MAX_SHARE)
         if found is not None:
             return _native_changes(base, target, *found)
     pos = _sparse_positions(base, target)
     if pos is not None:
-        return (len(pos), *_positions_payload(base, target, pos)) if len(pos) else None
+        return (len(pos), *_positions_payload(base, target, pos), None) if len(pos) else None
     padded = _mask(base, target)
     c = int(np.count_nonzero(padded[: len(base)]))
-    return (c, *_sparse_payload(base, target, padded, c)) if c else None
+    return (c, *_sparse_payload(base, target, padded, c), None) if c else None
 
 
 # The compiled pass finds each changed element on its own, which beats NumPy's mask and
@@ -210,7 +215,7 @@ NATIVE_MAX_SHARE = 8
 
 def _native_changes(
     base: Words, target: Words, pos: Positions, words: dict[str, Words]
-) -> tuple[int, Transform, sparse.Parts] | None:
+) -> Found | None:
     """:func:`_changes` from what the compiled pass found: the positions and the words
     of both transforms there; the same parts follow from them (a bitmap's transform
     sample is the changes in the windows :func:`sample_mask` reads)."""
@@ -225,9 +230,10 @@ def _native_changes(
         (words["xor"], words["sub"]) if idx is None else (words["xor"][idx], words["sub"][idx])
     )
     kind = transform_policy.pick_words(xor, sub)
+    changes = pos, words["xor"]
     if rice:
-        return c, kind, sparse.parts(pos, words[kind], m, plan_positions(pos, m))
-    return c, kind, sparse.Parts(sparse.BITMAP, 0, 0, bitmap_encode(pos, m), words[kind])
+        return c, kind, sparse.parts(pos, words[kind], m, plan_positions(pos, m)), changes
+    return c, kind, sparse.Parts(sparse.BITMAP, 0, 0, bitmap_encode(pos, m), words[kind]), changes
 
 
 # A payload of 64 KiB or more whose values the histogram says coding shrinks by
@@ -269,17 +275,19 @@ def encode_modified(
     """The smallest encoding of a chunk that exists on both sides.
 
     ``coded`` lets a sparse payload code its values (feature ``coded-values``);
-    ``Encoded.coded`` then says whether this one does.
+    ``Encoded.coded`` then says whether this one does.  ``Encoded.changes`` is
+    set where the compiled change pass found the changes.
     """
     m = len(base)
     found = _changes(base, target)
     if found is None:
         return Encoded({"encoding": "unchanged", "changed": 0}, None)
-    c, kind, parts = found
+    c, kind, parts, changes = found
     fields = {"encoding": "sparse", "changed": c, "transform": kind}
     candidates = _sparse_candidates(fields, parts, m, level, coded)
     if c > m * SPARSE_ONLY_DENSITY or base.nbytes <= ALWAYS_TRY_BYTES:
         candidates.append(encode_dense(c, kind, base, target, level))
         if allow_full:
             candidates.append(encode_full(target, level, c))
-    return min(candidates, key=lambda e: e.fields["length"])
+    best = min(candidates, key=lambda e: e.fields["length"])
+    return best if changes is None else dataclasses.replace(best, changes=changes)

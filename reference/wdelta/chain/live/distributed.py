@@ -203,7 +203,7 @@ class DistributedPublisher:
         mine = Outcome()
         try:
             if share:
-                self._local._diff(share, raw)
+                self._local._diff(share, raw, None)
                 mine.value = _delta_ids(raw)
         except WdeltaError as exc:
             mine = Outcome.failed(exc)
@@ -230,7 +230,9 @@ class DistributedPublisher:
             snap = self._snapshot(0, [s for _, s in uploaded], tmp) if snapshot else None
             parts = [p for p, _ in uploaded]
             result = _guarded(lambda: self._commit(parts, base, target, step, metadata, snap))
-        return self._finish(result, lambda m: self._local._advance(share, raw) if share else None)
+        return self._finish(
+            result, lambda m: self._local._advance(share, raw, advanced=False) if share else None
+        )
 
     def _finish(self, result: Outcome | None, then: Callable[[Manifest], None]) -> Manifest:
         """Rank 0's new manifest on every rank, then ``then(manifest)``.  A failure after

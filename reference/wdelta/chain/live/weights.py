@@ -190,11 +190,14 @@ class Publisher:
 
         The version's digest is the checkpoint digest of ``weights``, as a
         file holding them would have.  A step reads ``weights`` once (diffed
-        against the previous copy and hashed), then brings the previous copy
-        to them by applying the delta in place (the changed words only); a
-        ``keep`` file is rewritten whole.  On failure nothing is published and
-        the previous copy is kept; if the copy cannot be brought to the
-        published version (an interrupt), it is dropped: pass ``previous=`` to
+        against the previous copy and hashed); the diff brings the previous
+        copy to them as it goes (each changed chunk's changed words, once it is
+        encoded), or, for a step that adds or removes tensors, the delta is
+        applied to it in place after the append; a ``keep`` file is rewritten
+        whole.  On failure nothing is published and the previous copy is kept
+        (a refused append takes it back: the delta applied in reverse); if the
+        copy cannot be brought to a version (an interrupted diff or take-back,
+        or an interrupt after the append), it is dropped: pass ``previous=`` to
         a new Publisher to resume.
         """
         with tempfile.TemporaryDirectory(prefix="wdelta-publish-") as tmp:
@@ -207,26 +210,75 @@ class Publisher:
                 self._remember(weights)
                 return m
             out = Path(tmp) / "link.wdelta"
-            self._diff(weights, out)
+            advance = self._advance_words(weights)
+            try:
+                self._diff(weights, out, advance)
+            except BaseException:
+                if advance is not None:
+                    self._previous = None  # partly brought forward: no previous copy
+                raise
             if snapshot or self.options.snapshot:
                 save_weights(weights, whole, overwrite=True)
             try:
-                m = append_delta(
-                    self.chain, out, step=step, metadata=metadata,
-                    snapshot=whole if whole.exists() else None, progress=progress,
-                )  # fmt: skip
-            except BaseMismatchError as exc:  # it would name our temporary delta
-                raise BaseMismatchError(
-                    f"{self.chain.url}: the previous copy (previous=, or the version this "
-                    "publisher last published) is not a version of the chain: resume with "
-                    "previous= the weights of one of its versions, normally the head"
-                ) from exc
-            self._advance(weights, out)
+                m = self._append(out, step, metadata, whole if whole.exists() else None, progress)
+            except BaseException:
+                if advance is not None:
+                    self._revert(out)
+                raise
+            self._advance(weights, out, advanced=advance is not None)
         return m
 
-    def _diff(self, weights: Mapping[str, Any], out: Path) -> None:
+    def _append(
+        self, out: Path, step: int | None, metadata: Mapping[str, str] | None,
+        snapshot: Path | None, progress: Progress | None,
+    ) -> Manifest:  # fmt: skip
+        try:
+            return append_delta(
+                self.chain, out, step=step, metadata=metadata, snapshot=snapshot,
+                progress=progress,
+            )  # fmt: skip
+        except BaseMismatchError as exc:  # it would name our temporary delta
+            raise BaseMismatchError(
+                f"{self.chain.url}: the previous copy (previous=, or the version this "
+                "publisher last published) is not a version of the chain: resume with "
+                "previous= the weights of one of its versions, normally the head"
+            ) from exc
+
+    def _advance_words(self, weights: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The previous copy's words, flat, if the diff can bring them forward as it
+        goes: a copy in memory whose digests are trusted (not ``check_previous``),
+        with the same tensors (names, dtypes, shapes) as ``weights``; else None."""
+        previous = self._previous
+        if self.check_previous or not isinstance(previous, Mapping):
+            return None
+        if set(previous) != set(weights):
+            return None
+        words = {}
+        for name, value in weights.items():
+            s, old = live.slot(name, value), previous[name]
+            if not isinstance(old, np.ndarray) or (old.dtype, old.shape) != (
+                to_numpy(s.dtype), s.shape,
+            ):  # fmt: skip
+                return None
+            words[name] = old.reshape(-1).view(s.dtype.word)
+        return words
+
+    def _revert(self, delta: Path) -> None:
+        """Take a copy that the diff of ``delta`` brought forward, but whose link was not
+        published, back to the previous version (the link applied in reverse); if that
+        fails too, the copy is dropped."""
+        previous, self._previous = self._previous, None
+        assert isinstance(previous, MutableMapping)
+        with open_delta(delta) as d:
+            apply_unchecked(previous, d, self.options.threads, reverse=True)
+        self._previous = previous
+
+    def _diff(
+        self, weights: Mapping[str, Any], out: Path, advance: Mapping[str, Any] | None
+    ) -> None:
         """The delta from the previous copy to ``weights``, its digests taken as
-        known (or, with ``check_previous``, hashed and compared with them)."""
+        known (or, with ``check_previous``, hashed and compared with them);
+        ``advance``: the copy's words, brought to ``weights`` as the diff goes."""
         assert self._previous is not None
         o = self.options
         level = check_optional_int(o.level, "level", -7, 22)
@@ -237,7 +289,7 @@ class Publisher:
         with _as_checkpoint(self._previous) as base:
             try:
                 diff_checkpoints(base, live.checkpoint_of(weights), out, opts,
-                                 base_digests=known)  # fmt: skip
+                                 base_digests=known, advance=advance)  # fmt: skip
             except OSError as exc:
                 raise StorageError(str(exc)) from exc
         if self.check_previous:
@@ -250,14 +302,15 @@ class Publisher:
                     f"(tensor {changed[0]!r}); nothing published"
                 )
 
-    def _advance(self, weights: Mapping[str, Any], delta: Path) -> None:
-        """Bring the previous copy to the version just published by ``delta``."""
+    def _advance(self, weights: Mapping[str, Any], delta: Path, advanced: bool) -> None:
+        """Bring the previous copy to the version just published by ``delta``
+        (``advanced``: the diff already did)."""
         with open_delta(delta) as d:
             digests = {t.name: t.target_digest for t in d.header.tensors if t.target_digest}
             if not isinstance(self._previous, Mapping):
                 assert self.keep is not None
                 save_weights(weights, self.keep, overwrite=True)
-            else:
+            elif not advanced:
                 previous, self._previous = self._previous, None  # none until fully applied
                 assert isinstance(previous, MutableMapping)
                 apply_unchecked(previous, d, self.options.threads)
