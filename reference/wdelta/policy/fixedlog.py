@@ -60,10 +60,3 @@ def lg(x: np.ndarray[Any, Any]) -> Ints:
     fraction = table()[(top & np.uint64((1 << INDEX_BITS) - 1)).astype(np.intp)]
     out: Ints = exponent.astype(np.int64) * ONE + fraction
     return out
-
-
-def lg_int(x: int) -> int:
-    """:func:`lg` of one Python integer (1 <= x < 2^63)."""
-    e = x.bit_length() - 1
-    top = (x << (63 - e)) >> (63 - INDEX_BITS)
-    return e * ONE + int(table()[top & ((1 << INDEX_BITS) - 1)])

@@ -127,6 +127,8 @@ def _scanned(counts: Ints, levels: int) -> list[int]:
     return scanned
 
 
+# A level's bytes besides its split word and Rice streams: k, its share of L, U.
+_LEVEL_EXTRA = 3
 # A level's Rice quotient bits are estimated in units of 2^-LEVEL_FRACTION bits, for
 # k = 0 .. LEVEL_MAX_K: exact integers for any k there (a level never needs more).
 LEVEL_FRACTION = 21
@@ -144,7 +146,7 @@ def _level_estimates(counts: Ints, size: int, levels: int) -> Ints:
     half = (1 << (LEVEL_FRACTION - 1)) - (1 << (LEVEL_FRACTION - 1 - k))
     quotients = np.maximum(0, ((n - kept) << (LEVEL_FRACTION - k)) - kept * half)
     bits = quotients + ((kept * (k + 1)) << LEVEL_FRACTION)
-    estimate: Ints = _ceil_shift(bits.min(axis=1), LEVEL_FRACTION + 3) + size + 3
+    estimate: Ints = _ceil_shift(bits.min(axis=1), LEVEL_FRACTION + 3) + size + _LEVEL_EXTRA
     return estimate
 
 
@@ -259,12 +261,11 @@ _TABLE_BYTES = 16
 # their final values as byte planes.
 RICE_MAX_WORD_BYTES = 4
 NEVER = 1 << 60  # the cost of a coding that is not costed
-# What the kernel's estimates take from this module: _TABLE_BYTES, the bytes a
-# final Rice coding adds to its streams (coding byte, k, ULEB128 length), a level's
-# bytes besides its streams (split word aside: k, L's share, U), RICE_MAX_WORD_BYTES,
-# NEVER, LG_LN2 and LEVEL_FRACTION.
+# The bytes a final Rice coding adds to its streams: coding byte, k, ULEB128 length.
+_RICE_EXTRA = leb128.MAX_BYTES + 2
+# What the kernel's estimates take from this module, in the order _kernels.c reads them.
 ESTIMATE_CONSTANTS = (
-    _TABLE_BYTES, leb128.MAX_BYTES + 2, 3, RICE_MAX_WORD_BYTES, NEVER, fixedlog.LG_LN2,
+    _TABLE_BYTES, _RICE_EXTRA, _LEVEL_EXTRA, RICE_MAX_WORD_BYTES, NEVER, fixedlog.LG_LN2,
     LEVEL_FRACTION,
 )  # fmt: skip
 
@@ -335,7 +336,7 @@ def _suffix_rice(
     )  # (k, suffix)
     cost = _ceil_shift(quotients + left, 3) + _ceil_shift(ks[:, None] * left, 3)
     cost[np.abs(centre[None, :] - ks[:, None]) > 1] = NEVER
-    best = cost.min(axis=0) + leb128.MAX_BYTES + 2
+    best = cost.min(axis=0) + _RICE_EXTRA
     rice: list[int] = np.where(left > 0, best, NEVER).tolist()
     return rice
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -114,6 +114,11 @@ def _copy_block(src: Slot, dst: Words, start: int, count: int) -> None:
     np.copyto(dst[start : start + count], np.frombuffer(view, src.dtype.word, count, start * size))
 
 
+def _holds(old: object, s: Slot) -> TypeGuard[np.ndarray[Any, Any]]:
+    """True if ``old`` is a NumPy array of the dtype and shape of the tensor ``s``."""
+    return isinstance(old, np.ndarray) and (old.dtype, old.shape) == (to_numpy(s.dtype), s.shape)
+
+
 def _host_copy(
     weights: Mapping[str, Any], reuse: Mapping[str, Any], threads: int
 ) -> dict[str, Any]:
@@ -125,9 +130,8 @@ def _host_copy(
     for name, value in weights.items():
         s = live.slot(name, value)
         old = reuse.get(name)
-        dtype = to_numpy(s.dtype)
-        if not (isinstance(old, np.ndarray) and (old.dtype, old.shape) == (dtype, s.shape)):
-            old = np.empty(s.shape, dtype)  # arrays made here are C-contiguous
+        if not _holds(old, s):
+            old = np.empty(s.shape, to_numpy(s.dtype))  # arrays made here are C-contiguous
         copies[name] = old
         flat = old.reshape(-1).view(s.dtype.word)
         blocks += [(s, flat, i, min(_WRITE_ELEMENTS, s.elements - i))
@@ -256,9 +260,7 @@ class Publisher:
         words = {}
         for name, value in weights.items():
             s, old = live.slot(name, value), previous[name]
-            if not isinstance(old, np.ndarray) or (old.dtype, old.shape) != (
-                to_numpy(s.dtype), s.shape,
-            ):  # fmt: skip
+            if not _holds(old, s):
                 return None
             words[name] = old.reshape(-1).view(s.dtype.word)
         return words
