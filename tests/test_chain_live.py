@@ -368,7 +368,7 @@ def test_load_without_a_cache_leaves_none_behind(tmp_path: Path) -> None:
     }  # NumPy arrays (device=None), bit-identical to the published tensors
 
 
-@pytest.mark.parametrize("native_path", ["1", "0"])
+@pytest.mark.parametrize("native_path", ["1", "portable", "0"])
 def test_publish_failures_keep_or_drop_the_previous_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_path: str
 ) -> None:
@@ -378,12 +378,15 @@ def test_publish_failures_keep_or_drop_the_previous_copy(
     the right weights); a diff or a take-back that is interrupted drops the copy,
     and publishing resumes with ``previous=``."""
     from wdelta.chain.live import weights as live_weights
-    from wdelta.ops import encoder, inplace
+    from wdelta.ops import inplace
+    from wdelta.policy import chunk as chunk_policy
 
     monkeypatch.setenv("WDELTA_NATIVE", native_path)
     c = new_chain(tmp_path)
     pub = chain.Publisher(c)
-    s0 = state(0)
+    # A chunk above 64 KiB: the compiled change pass itself brings it forward.
+    big = random_tensor(torch.bfloat16, (256, 256), 7)
+    s0 = {**state(0), "model.layers.0.mlp.down_proj.weight": big}
     pub.publish(s0, step=5)
     s1 = next_state(s0, 1)
     with pytest.raises(chain.ConflictError):
@@ -396,8 +399,13 @@ def test_publish_failures_keep_or_drop_the_previous_copy(
     def interrupted(*args: Any) -> None:
         raise KeyboardInterrupt
 
+    def encoded_then_interrupted(*args: Any) -> None:
+        encode_modified(*args)  # the chunk's part of the copy brought forward, then Ctrl-C
+        raise KeyboardInterrupt
+
+    encode_modified = chunk_policy.encode_modified
     with monkeypatch.context() as m:
-        m.setattr(encoder, "_advance", interrupted)
+        m.setattr(chunk_policy, "encode_modified", encoded_then_interrupted)
         with pytest.raises(KeyboardInterrupt):
             pub.publish(s2, step=7)
     assert c.head().head.digest == chain.weights_digest(s1)  # nothing published

@@ -44,14 +44,15 @@ static inline uint64_t lane_bits(uint64_t lanes, int size) {
 
 /* The portable pass over elements from..m of a chunk: appends to the n entries found
  * so far the positions where the size-byte elements of base and target differ, in
- * increasing order, and at each the words of both transforms, t ^ b and zigzag(t - b);
- * returns the new count, or -1 as soon as more than cap differ (outputs then partial).
+ * increasing order, and at each the words of both transforms, t ^ b and zigzag(t - b),
+ * and (where dst is not NULL) t into dst; returns the new count, or -1 - n as soon as
+ * more than cap differ (the n entries before that kept, dst written at them).
  * 64 bytes are compared at a time and skipped when equal; in a block that differs, the
  * differing lanes become one bit mask whose set bits are visited in order, so the only
  * unpredictable branch is that loop's exit. */
 #define CHANGES(S, T, HIGH)                                                             \
     static int64_t changes##S(const T *b, const T *t, int64_t from, int64_t m, int64_t cap, \
-                              int64_t *pos, T *xr, T *sb, int64_t n) {                  \
+                              int64_t *pos, T *xr, T *sb, T *dst, int64_t n) {          \
         int64_t i = from;                                                               \
         const int per = 8 / S, block = 64 / S;                                          \
         for (; i + block <= m; i += block) {                                            \
@@ -64,24 +65,26 @@ static inline uint64_t lane_bits(uint64_t lanes, int size) {
             if (!any) continue;                                                         \
             for (int w = 0; w < 8; w++)                                                 \
                 mask |= lane_bits(nonzero_lanes(x[w], HIGH), S) << (w * per);           \
-            if (n + __builtin_popcountll(mask) > cap) return -1;                        \
+            if (n + __builtin_popcountll(mask) > cap) return -1 - n;                    \
             while (mask) {                                                              \
                 int64_t e = i + __builtin_ctzll(mask);                                  \
                 T d = (T)(t[e] - b[e]);                                                 \
                 pos[n] = e;                                                             \
                 xr[n] = (T)(t[e] ^ b[e]);                                               \
                 sb[n] = (T)((T)(d << 1) ^ (T)(0 - (d >> (8 * S - 1))));                 \
+                if (dst) dst[e] = t[e]; /* after b[e] is read: dst may be b */          \
                 n++;                                                                    \
                 mask &= mask - 1;                                                       \
             }                                                                           \
         }                                                                               \
         for (; i < m; i++) {                                                            \
             if (b[i] == t[i]) continue;                                                 \
-            if (n == cap) return -1;                                                    \
+            if (n == cap) return -1 - n;                                                \
             T d = (T)(t[i] - b[i]);                                                     \
             pos[n] = i;                                                                 \
             xr[n] = (T)(t[i] ^ b[i]);                                                   \
             sb[n] = (T)((T)(d << 1) ^ (T)(0 - (d >> (8 * S - 1))));                     \
+            if (dst) dst[i] = t[i];                                                     \
             n++;                                                                        \
         }                                                                               \
         return n;                                                                       \
@@ -179,8 +182,10 @@ AVX512 static inline __m512i zigzag64(__m512i d) {
  * new n.  Branch-free: a register without changes stores nothing that is kept. */
 #define PUT_AVX512(S, T, BITS, MASK, POPCNT)                                            \
     AVX512 static inline int64_t put##S##_avx512(__m512i vb, __m512i vt, MASK k, int64_t i, \
-                                                 int64_t n, int64_t *pos, T *xr, T *sb) { \
+                                                 int64_t n, int64_t *pos, T *xr, T *sb, \
+                                                 T *dst) {                              \
         __m512i z = zigzag##BITS(_mm512_sub_epi##BITS(vt, vb));                         \
+        if (dst) _mm512_mask_storeu_epi##BITS(dst + i, k, vt);                          \
         __m512i x = _mm512_xor_si512(vb, vt);                                           \
         _mm512_storeu_si512(xr + n, _mm512_maskz_compress_epi##BITS(k, x));             \
         _mm512_storeu_si512(sb + n, _mm512_maskz_compress_epi##BITS(k, z));             \
@@ -199,7 +204,7 @@ AVX512 static inline __m512i zigzag64(__m512i d) {
     PUT_AVX512(S, T, BITS, MASK, POPCNT)                                                \
     AVX512 static int64_t changes##S##_avx512(const T *b, const T *t, int64_t m,        \
                                               int64_t cap, int64_t *pos, T *xr, T *sb,   \
-                                              int64_t *at) {                            \
+                                              T *dst, int64_t *at) {                    \
         const int lanes = 64 / S;                                                       \
         int64_t n = 0, i = 0;                                                           \
         for (; i + GROUP * lanes <= m; i += GROUP * lanes) {                            \
@@ -214,9 +219,9 @@ AVX512 static inline __m512i zigzag64(__m512i d) {
                 c += POPCNT(k[r]);                                                      \
             }                                                                           \
             if (!any) continue;                                                         \
-            if (n + c > cap) return -1;                                                 \
+            if (n + c > cap) return -1 - n;                                             \
             for (int r = 0; r < GROUP; r++)                                             \
-                n = put##S##_avx512(vb[r], vt[r], k[r], i + r * lanes, n, pos, xr, sb); \
+                n = put##S##_avx512(vb[r], vt[r], k[r], i + r * lanes, n, pos, xr, sb, dst); \
         }                                                                               \
         *at = i;                                                                        \
         return n;                                                                       \
@@ -238,32 +243,39 @@ static int has_avx512(void) { return 0; }
  * 0 the portable one (no such CPU, or built without it: not x86-64, WD_PORTABLE_ONLY). */
 int wd_simd(void) { return has_avx512(); }
 
+int64_t wd_apply(void *source, int64_t m, const int64_t *pos, int64_t n, const void *values,
+                 int size, int sub, int reverse);
+
 /* The change pass over a chunk of m size-byte elements (see CHANGES): the AVX-512 one
  * where simd is set and the CPU has it, else the portable one; the same results.  The
- * outputs have room for cap + CHANGES_SLACK entries. */
+ * outputs have room for cap + CHANGES_SLACK entries.  Where dst is not NULL (the base's
+ * own words, or a copy of them) the target's differing words are stored into it as they
+ * are found, while in the cache, so dst ends equal to the target; a pass that gives up
+ * (-1: more than cap differ) restores the words it stored, t ^ (t ^ b). */
 int64_t wd_find_changes(const void *base, const void *target, int64_t m, int64_t cap, int size,
-                        int64_t *pos, void *xr, void *sb, int simd) {
+                        int64_t *pos, void *xr, void *sb, void *dst, int simd) {
     int64_t from = 0, n = 0;
 #ifdef WD_AVX512
 #define VECTOR(S, T)                                                                    \
     if (size == S)                                                                      \
         n = changes##S##_avx512((const T *)base, (const T *)target, m, cap, pos, (T *)xr, \
-                                (T *)sb, &from);
+                                (T *)sb, (T *)dst, &from);
     if (simd && has_avx512()) {
         FOR_SIZES(VECTOR)
-        if (n < 0) return n;
     }
 #undef VECTOR
 #else
     (void)simd;
 #endif
 #define CASE(S, T)                                                                      \
-    if (size == S)                                                                      \
-        return changes##S((const T *)base, (const T *)target, from, m, cap, pos, (T *)xr, \
-                          (T *)sb, n);
+    if (size == S && n >= 0)                                                            \
+        n = changes##S((const T *)base, (const T *)target, from, m, cap, pos, (T *)xr,  \
+                       (T *)sb, (T *)dst, n);
     FOR_SIZES(CASE)
 #undef CASE
-    return 0;
+    if (n >= 0) return n;
+    if (dst) wd_apply(dst, m, pos, -1 - n, xr, size, 0, 0);
+    return -1;
 }
 
 /* source[pos[i]] = source[pos[i]] ^ v, + unzigzag(v) (forwards) or - unzigzag(v)

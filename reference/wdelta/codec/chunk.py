@@ -24,15 +24,14 @@ Words = np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]]
 class Encoded:
     """A chunk's header fields (without offset/checksum) and its stored blob.
 
-    ``changes``, where the encoder has them from one pass (the compiled change
-    pass): the positions where base and target differ and the XOR of their words
-    there, so that a caller can bring its base to the target in place.
+    ``advanced``: the encoder's change pass also brought the caller's copy of the
+    base to the target (``encode_modified``'s ``advance``).
     """
 
     fields: dict[str, Any]
     blob: bytes | memoryview | None
     coded: bool = False  # a sparse payload with coded values (feature coded-values)
-    changes: tuple[np.ndarray[Any, np.dtype[np.int64]], Words] | None = None
+    advanced: bool = False
 
 
 def store(

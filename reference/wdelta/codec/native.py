@@ -38,7 +38,7 @@ _INT = ctypes.c_int
 # overwritten or cut off): it stores a whole 64-bit register at a time.
 SLACK = 8
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
-    "wd_find_changes": (_I64, [_P, _P, _I64, _I64, _INT, _P, _P, _P, _INT]),
+    "wd_find_changes": (_I64, [_P, _P, _I64, _I64, _INT, _P, _P, _P, _P, _INT]),
     "wd_simd": (_INT, []),
     "wd_apply": (_I64, [_P, _I64, _P, _I64, _P, _INT, _INT, _INT]),
     "wd_set_bits": (_I64, [_P, _I64, _P, _I64]),
@@ -122,17 +122,21 @@ def _lib() -> ctypes.CDLL:
 
 
 def changes(
-    base: np.ndarray[Any, Any], target: np.ndarray[Any, Any], limit: int
-) -> tuple[Positions, dict[str, np.ndarray[Any, Any]]] | None:
+    base: np.ndarray[Any, Any], target: np.ndarray[Any, Any], limit: int,
+    advance: np.ndarray[Any, Any] | None = None,
+) -> tuple[Positions, dict[str, np.ndarray[Any, Any]]] | None:  # fmt: skip
     """Sorted positions where ``base`` and ``target`` (same length and dtype) differ, and
     the words there of each transform (``xor``, and ``sub`` zigzag-coded), in one pass;
-    None if more than ``limit`` differ.  Memory: ``limit + CHANGES_SLACK`` entries of
-    each output."""
+    None if more than ``limit`` differ.  ``advance`` (words equal to ``base``, which may
+    be ``base`` itself) is brought to ``target`` in the same pass, and left as it was when
+    the result is None.  Memory: ``limit + CHANGES_SLACK`` entries of each output."""
     room = limit + CHANGES_SLACK
     pos = np.empty(room, dtype=np.int64)
     xor, sub = np.empty(room, dtype=base.dtype), np.empty(room, dtype=base.dtype)
     size = base.dtype.itemsize
-    args = (ptr(base), ptr(target), len(base), limit, size, ptr(pos), ptr(xor), ptr(sub))
+    dst = None if advance is None else ptr(advance)
+    assert advance is None or (advance.dtype == base.dtype and len(advance) == len(base))
+    args = (ptr(base), ptr(target), len(base), limit, size, ptr(pos), ptr(xor), ptr(sub), dst)
     n = _lib().wd_find_changes(*args, simd())
     return None if n < 0 else (pos[:n], {"xor": xor[:n], "sub": sub[:n]})
 

@@ -27,7 +27,7 @@ from ..checkpoint.source import (
     is_shard_name,
 )
 from ..codec import chunk as chunk_codec
-from ..codec import coded_values, native
+from ..codec import coded_values
 from ..errors import BadArgumentError, CheckpointInvalidError, LimitExceededError
 from ..format import compact, inline_blobs, strictjson
 from ..format.container import PREFIX_SIZE, pack_prefix
@@ -216,11 +216,12 @@ def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -
     encoded: chunk_codec.Encoded | None
     if plan.op == "modified":
         assert base is not None and target is not None
+        own = None if plan.advance is None else plan.advance[task.start : task.start + task.count]
         encoded = chunk_policy.encode_modified(
-            base, target, opts.level, not opts.reversible, opts.coded_values
+            base, target, opts.level, not opts.reversible, opts.coded_values, own
         )
-        if plan.advance is not None and encoded.fields["encoding"] != "unchanged":
-            _advance(plan.advance[task.start : task.start + task.count], target, encoded)
+        if own is not None and encoded.fields["encoding"] != "unchanged" and not encoded.advanced:
+            np.copyto(own, target)
     elif plan.op == "added":
         assert target is not None
         encoded = chunk_codec.encode_full(target, opts.level)
@@ -232,16 +233,6 @@ def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -
     if encoded is None or encoded.blob is None:
         return _Done(task, encoded)
     return _Done(task, encoded, digest_bytes(encoded.blob))
-
-
-def _advance(words: Words, target: Words, encoded: chunk_codec.Encoded) -> None:
-    """Bring a base chunk's own ``words`` to ``target``: the changed words only where the
-    encoder has them with their XOR (one in-place kernel pass), else a copy."""
-    if encoded.changes is not None and native.usable(words):
-        pos, xor = encoded.changes
-        native.apply(False, False, words, pos, xor)
-    else:
-        np.copyto(words, target)
 
 
 class _BlobWriter:

@@ -175,22 +175,22 @@ def _sparse_positions(base: Words, target: Words) -> Positions | None:
     return pos
 
 
-Found = tuple[int, Transform, sparse.Parts, tuple[Positions, Words] | None]
+Found = tuple[int, Transform, sparse.Parts, bool]
 
 
-def _changes(base: Words, target: Words) -> Found | None:
-    """(changed count, transform, sparse payload parts, the positions and XOR words of
-    the changes where the compiled pass found them), or None if nothing changed."""
+def _changes(base: Words, target: Words, advance: Words | None) -> Found | None:
+    """(changed count, transform, sparse payload parts, whether the compiled pass brought
+    ``advance`` to the target as it found the changes), or None if nothing changed."""
     if native.usable(base, target) and not _dense(base, target):
-        found = native.changes(base, target, len(base) // NATIVE_MAX_SHARE)
+        found = native.changes(base, target, len(base) // NATIVE_MAX_SHARE, advance)
         if found is not None:
-            return _native_changes(base, target, *found)
+            return (*_native_changes(base, *found), advance is not None) if len(found[0]) else None
     pos = _sparse_positions(base, target)
     if pos is not None:
-        return (len(pos), *_positions_payload(base, target, pos), None) if len(pos) else None
+        return (len(pos), *_positions_payload(base, target, pos), False) if len(pos) else None
     padded = _mask(base, target)
     c = int(np.count_nonzero(padded[: len(base)]))
-    return (c, *_sparse_payload(base, target, padded, c), None) if c else None
+    return (c, *_sparse_payload(base, target, padded, c), False) if c else None
 
 
 # The compiled pass finds each changed element on its own, which beats NumPy's mask and
@@ -214,15 +214,13 @@ NATIVE_MAX_SHARE = 8
 
 
 def _native_changes(
-    base: Words, target: Words, pos: Positions, words: dict[str, Words]
-) -> Found | None:
+    base: Words, pos: Positions, words: dict[str, Words]
+) -> tuple[int, Transform, sparse.Parts]:
     """:func:`_changes` from what the compiled pass found: the positions and the words
     of both transforms there; the same parts follow from them (a bitmap's transform
     sample is the changes in the windows :func:`sample_mask` reads)."""
     m = len(base)
     c = len(pos)
-    if not c:
-        return None
     rice = c < m * BITMAP_DENSITY
     idx = transform_policy.sample_index(c) if rice else transform_policy.window_index(pos, m)
     # The sampled words of both transforms are at hand: no gathers from the chunk.
@@ -230,10 +228,9 @@ def _native_changes(
         (words["xor"], words["sub"]) if idx is None else (words["xor"][idx], words["sub"][idx])
     )
     kind = transform_policy.pick_words(xor, sub)
-    changes = pos, words["xor"]
     if rice:
-        return c, kind, sparse.parts(pos, words[kind], m, plan_positions(pos, m)), changes
-    return c, kind, sparse.Parts(sparse.BITMAP, 0, 0, bitmap_encode(pos, m), words[kind]), changes
+        return c, kind, sparse.parts(pos, words[kind], m, plan_positions(pos, m))
+    return c, kind, sparse.Parts(sparse.BITMAP, 0, 0, bitmap_encode(pos, m), words[kind])
 
 
 # A payload of 64 KiB or more whose values the histogram says coding shrinks by
@@ -270,19 +267,25 @@ def _sparse_candidates(
 
 
 def encode_modified(
-    base: Words, target: Words, level: int | None, allow_full: bool, coded: bool = False
-) -> Encoded:
+    base: Words, target: Words, level: int | None, allow_full: bool, coded: bool = False,
+    advance: Words | None = None,
+) -> Encoded:  # fmt: skip
     """The smallest encoding of a chunk that exists on both sides.
 
     ``coded`` lets a sparse payload code its values (feature ``coded-values``);
-    ``Encoded.coded`` then says whether this one does.  ``Encoded.changes`` is
-    set where the compiled change pass found the changes.
+    ``Encoded.coded`` then says whether this one does.  ``advance`` (words equal to
+    ``base``, or ``base`` itself) is brought to ``target`` where the compiled change
+    pass can do that as it goes (``Encoded.advanced``), else left as it was.
     """
     m = len(base)
-    found = _changes(base, target)
+    # The dense and full candidates read the base after the change pass: only chunks
+    # small enough to try them always, or changed above SPARSE_ONLY_DENSITY (which the
+    # compiled pass never takes: it stops at 1/NATIVE_MAX_SHARE), are left unadvanced.
+    found = _changes(base, target, advance if base.nbytes > ALWAYS_TRY_BYTES else None)
     if found is None:
         return Encoded({"encoding": "unchanged", "changed": 0}, None)
-    c, kind, parts, changes = found
+    c, kind, parts, advanced = found
+    assert not advanced or c <= m * SPARSE_ONLY_DENSITY
     fields = {"encoding": "sparse", "changed": c, "transform": kind}
     candidates = _sparse_candidates(fields, parts, m, level, coded)
     if c > m * SPARSE_ONLY_DENSITY or base.nbytes <= ALWAYS_TRY_BYTES:
@@ -290,4 +293,4 @@ def encode_modified(
         if allow_full:
             candidates.append(encode_full(target, level, c))
     best = min(candidates, key=lambda e: e.fields["length"])
-    return best if changes is None else dataclasses.replace(best, changes=changes)
+    return dataclasses.replace(best, advanced=True) if advanced else best
