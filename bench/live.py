@@ -213,11 +213,14 @@ def measure_publish(case: cases.Case, args: argparse.Namespace, tmp: Path) -> di
 
 
 def time_publish(
-    base: dict[str, Any], target: dict[str, Any], args: argparse.Namespace, folder: Path
-) -> tuple[Time, int]:
-    """Time of ``publish(target)`` after an untimed ``publish(base)``; link bytes."""
+    base: dict[str, Any], target: dict[str, Any], args: argparse.Namespace, folder: Path,
+    publisher: Callable[..., Any] = chain.Publisher,
+) -> tuple[Time, int]:  # fmt: skip
+    """Time of ``publish(target)`` after an untimed ``publish(base)``; link bytes.
+    ``publisher``: the class (``chain.Publisher``, or ``DistributedPublisher`` where a
+    process group is initialized), called with the chain and ``options=``."""
     c = chain.Chain(chain.open_storage(str(folder / "store")), cache=folder / "cache")
-    pub = chain.Publisher(c, options=chain.AppendOptions(threads=args.threads))
+    pub = publisher(c, options=chain.AppendOptions(threads=args.threads))
     pub.publish(base, step=0)
     os.sync()  # the 1 GB version 0 written just now would be flushed by the timed fsync
     took = timed(lambda: pub.publish(target, step=1))

@@ -10,7 +10,8 @@ Flags:
   --elements N       model size of the synthetic cases (default 60_000_000)
   --density D        their density of changed elements (default 0.02)
   --no-synthetic     only the --pair (and --trace) cases
-  --publish-bytes B  time Publisher.publish for single-pair cases of B target bytes or more
+  --publish-bytes B  time Publisher.publish and DistributedPublisher.publish (a gloo
+                     group of one rank) for single-pair cases of B target bytes or more
                      (default 1e9: the 1 GB share)
   --trace            also each series of the real trace (one per dtype and learning rate:
                      every consecutive step pair, times summed over the series); takes
@@ -32,7 +33,8 @@ less.  Targets, judged on the native path's wall time: encode and decode >= 1.5x
 zstd -3, and each within 1.5x of its floor; and a 1 GB share or more (one rank's part of a
 model) published in at most half the NumPy path's time: for such a case (``--publish-bytes``,
 default 1e9) ``chain.Publisher.publish`` of the target after the base is timed on both paths
-(in-memory weights into a local chain, as bench/live.py does).
+(in-memory weights into a local chain, as bench/live.py does), and so is the multi-rank
+publisher's (``DistributedPublisher``, in a gloo group of this process alone).
 Each delta and rebuilt file is checked: both paths' deltas byte-identical, the rebuilt
 file equal to the target.
 """
@@ -40,12 +42,13 @@ file equal to the target.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -217,35 +220,62 @@ def _against_numpy(name: str, best: dict[str, dict[str, Times]]) -> str:
             f"decode {cells[2]} wall, {cells[3]} CPU |||||||")  # fmt: skip
 
 
-def measure_publish(base: Path, target: Path, repeat: int, threads: int) -> dict[str, Times]:
-    """Fastest ``Publisher.publish(target)`` after ``publish(base)`` on each path: the
-    weights in memory (torch), the previous copy the publisher's own, into a chain in a
-    local folder (diff, upload with fsync, manifest; bench/live.py's measurement)."""
+def measure_publish(
+    base: Path, target: Path, repeat: int, threads: int
+) -> dict[str, dict[str, Times]]:
+    """Fastest ``publish(target)`` after ``publish(base)`` on each path, of a
+    ``Publisher`` and of a ``DistributedPublisher`` in a gloo group of one rank (this
+    process; the multi-rank publisher's own code: diff of the rank's share, part upload,
+    agreement, commit): the weights in memory (torch), the previous copy the
+    publisher's own, into a chain in a local folder (diff, upload with fsync, manifest;
+    bench/live.py's measurement)."""
     import live  # torch: only for the publish measurement
     from safetensors.torch import load_file
 
+    from wdelta.chain.live.distributed import DistributedPublisher
+
     weights = load_file(str(base)), load_file(str(target))
-    best: dict[str, Times] = {}
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    publishers = {"Publisher": wdelta.chain.Publisher, "DistributedPublisher": DistributedPublisher}
+    best: dict[str, dict[str, Times]] = {}
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp, _group_of_one():
         for r in range(repeat):
             for path in ("numpy", "native")[:: 1 if r % 2 == 0 else -1]:
-                os.environ[native.ENV] = "0" if path == "numpy" else "1"
-                try:
-                    took, _ = live.time_publish(*weights, argparse.Namespace(threads=threads),
-                                                Path(tmp) / f"{path}{r}")  # fmt: skip
-                finally:
-                    os.environ.pop(native.ENV, None)
-                old = best.get(path, (took.wall, took.cpu))
-                best[path] = (min(old[0], took.wall), min(old[1], took.cpu))
+                for name, make in publishers.items():
+                    os.environ[native.ENV] = "0" if path == "numpy" else "1"
+                    try:
+                        folder = Path(tmp) / f"{path}{r}"
+                        took, _ = live.time_publish(*weights, argparse.Namespace(threads=threads),
+                                                    folder, make)  # fmt: skip
+                    finally:
+                        os.environ.pop(native.ENV, None)
+                    old = best.setdefault(name, {}).get(path, (took.wall, took.cpu))
+                    best[name][path] = (min(old[0], took.wall), min(old[1], took.cpu))
     return best
 
 
-def publish_row(name: str, times: dict[str, Times]) -> str:
+@contextlib.contextmanager
+def _group_of_one() -> Iterator[None]:
+    """A torch.distributed gloo group of this process alone (loopback TCP)."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def publish_row(name: str, publisher: str, times: dict[str, Times]) -> str:
     """The publish target's row: NumPy and native times, the speed-up and the verdict."""
     (numpy_wall, numpy_cpu), (wall, cpu) = times["numpy"], times["native"]
     verdict = "PASS" if numpy_wall / wall >= PUBLISH_RATIO else "MISS"
-    return (f"| {name} | **publish: {verdict}** | Publisher.publish: NumPy {numpy_wall:.2f} s, "
-            f"native {wall:.2f} s: {numpy_wall / wall:.2f}x (>= {PUBLISH_RATIO}), CPU "
+    return (f"| {name} | **publish: {verdict}** | {publisher}.publish: NumPy {numpy_wall:.2f} "
+            f"s, native {wall:.2f} s: {numpy_wall / wall:.2f}x (>= {PUBLISH_RATIO}), CPU "
             f"{numpy_cpu / cpu:.2f}x |||||||")  # fmt: skip
 
 
@@ -323,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(report(name, size, best)), flush=True)
         if len(series) == 1 and size >= args.publish_bytes:
             publish = measure_publish(*series[0], args.repeat, args.threads)
-            print(publish_row(name, publish), flush=True)
+            for publisher, times in publish.items():
+                print(publish_row(name, publisher, times), flush=True)
     return 0
 
 

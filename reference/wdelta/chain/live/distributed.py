@@ -12,13 +12,21 @@ returns (WS-7): it reads the parts' headers back only to check that they are
 the ones the ranks wrote and form that link.  Version 0 is a sharded
 snapshot, one shard per rank, plus an index rank 0 writes.
 
+Each rank's diff brings its previous copy to the new share as it goes (as
+``Publisher`` does), unless the step adds or removes tensors: then the delta is
+applied to the copy after the commit.
+
 Failure: the ranks agree through the group after encoding and after
 uploading; if any rank failed (an exception) every rank raises and rank 0
 creates no revision.  A rank that dies makes the others' collectives fail
 (gloo and NCCL report a closed peer or time out), so no revision is created
 either.  Parts already uploaded are unreferenced objects: never read (RD-4),
-deleted by the next prune.  A rank that fails to bring its previous copy
-forward after a commit drops it; resume with ``previous=``.
+deleted by the next prune.  When no revision was created every rank takes its
+copy back (its own link applied in reverse), so the next step publishes as if
+the failed one had not been tried.  A rank whose copy cannot be brought to a
+version (its own diff cut short, a take-back or a copy update that fails, an
+error after the revision was created) drops it: its next step fails on every
+rank, saying to create the publishers again with ``previous=``.
 
 The collectives run on ``group`` (default: the default group), through
 ``all_gather_object`` and ``broadcast_object_list``: gloo on CPU, NCCL with
@@ -199,15 +207,48 @@ class DistributedPublisher:
         self, share: Mapping[str, Any], tmp: Path, step: int | None,
         metadata: Mapping[str, str] | None, snapshot: bool,
     ) -> Manifest:  # fmt: skip
-        raw, out = tmp / "share.wdelta", tmp / "part.wdelta"
+        """One step's link; the diff brings this rank's previous copy forward as it goes
+        (``Publisher``'s in-diff copy update) where the tensors stay the same, and any
+        failure before the revision is created takes the copy back (see :meth:`_settle`)."""
+        raw = tmp / "share.wdelta"
+        advance = self._local._advance_words(share) if share else None
+        try:
+            encoded = self._encode(share, raw, advance)
+            result = self._upload_and_commit(share, raw, tmp, encoded, step, metadata, snapshot)
+            advanced = advance is not None
+            return self._finish(
+                result, lambda m: self._local._advance(share, raw, advanced) if share else None
+            )
+        except BaseException as exc:
+            if advance is not None:
+                self._settle(raw, exc)
+            raise
+
+    def _encode(
+        self, share: Mapping[str, Any], raw: Path, advance: Mapping[str, Any] | None
+    ) -> list[Any]:
+        """This rank's delta into ``raw``; every rank's (base, target) identities."""
         mine = Outcome()
         try:
             if share:
-                self._local._diff(share, raw, None)
+                if self._local._previous is None:
+                    raise BadArgumentError(
+                        f"rank {self.rank} has no previous copy of its share (a step failed "
+                        "while bringing it forward): create the publishers again, each with "
+                        "previous= its rank's share of the chain's head"
+                    )
+                self._local._diff(share, raw, advance)
                 mine.value = _delta_ids(raw)
         except WdeltaError as exc:
             mine = Outcome.failed(exc)
-        encoded = self.group.agree(mine)
+        return self.group.agree(mine)
+
+    def _upload_and_commit(
+        self, share: Mapping[str, Any], raw: Path, tmp: Path, encoded: list[Any],
+        step: int | None, metadata: Mapping[str, str] | None, snapshot: bool,
+    ) -> Outcome | None:  # fmt: skip
+        """Upload this rank's part (and shard); rank 0's outcome of creating the revision
+        (None on the other ranks)."""
         holders = [r for r, v in enumerate(encoded) if v is not None]
         if not holders:
             raise BadArgumentError("no rank holds a tensor: nothing to publish")
@@ -216,7 +257,7 @@ class DistributedPublisher:
         mine = Outcome()
         try:
             if share:
-                part = self._upload_part(raw, out, holders, base, target)
+                part = self._upload_part(raw, tmp / "part.wdelta", holders, base, target)
                 shard = None
                 if snapshot:
                     entry = self._upload_shard(share, tmp / self._shard_name(holders))
@@ -225,14 +266,23 @@ class DistributedPublisher:
         except WdeltaError as exc:
             mine = Outcome.failed(exc)
         uploaded = [v for v in self.group.agree(mine) if v is not None]
-        result = None
-        if self.rank == 0:
-            snap = self._snapshot(0, [s for _, s in uploaded], tmp) if snapshot else None
-            parts = [p for p, _ in uploaded]
-            result = _guarded(lambda: self._commit(parts, base, target, step, metadata, snap))
-        return self._finish(
-            result, lambda m: self._local._advance(share, raw, advanced=False) if share else None
-        )
+        if self.rank != 0:
+            return None
+        snap = self._snapshot(0, [s for _, s in uploaded], tmp) if snapshot else None
+        parts = [p for p, _ in uploaded]
+        return _guarded(lambda: self._commit(parts, base, target, step, metadata, snap))
+
+    def _settle(self, raw: Path, exc: BaseException) -> None:
+        """After a failed step whose diff was bringing the copy forward: if this rank's
+        diff finished (``raw`` is written whole or not at all) and no revision was
+        created, the copy is taken back to the previous version; otherwise (a diff
+        cut short, a version published anyway) it is dropped."""
+        local = self._local
+        published = getattr(exc, "published_revision", None) is not None
+        if raw.exists() and not published and local._previous is not None:
+            local._revert(raw)  # drops the copy itself if this fails
+        else:
+            local._previous = None
 
     def _finish(self, result: Outcome | None, then: Callable[[Manifest], None]) -> Manifest:
         """Rank 0's new manifest on every rank, then ``then(manifest)``.  A failure after

@@ -306,18 +306,18 @@ class Publisher:
 
     def _advance(self, weights: Mapping[str, Any], delta: Path, advanced: bool) -> None:
         """Bring the previous copy to the version just published by ``delta``
-        (``advanced``: the diff already did)."""
+        (``advanced``: the diff already did), and take its digests; on failure the
+        copy is dropped (its words or digests would not be the version's)."""
+        previous, self._previous = self._previous, None  # none until brought forward
         with open_delta(delta) as d:
             digests = {t.name: t.target_digest for t in d.header.tensors if t.target_digest}
-            if not isinstance(self._previous, Mapping):
+            if not isinstance(previous, Mapping):
                 assert self.keep is not None
                 save_weights(weights, self.keep, overwrite=True)
             elif not advanced:
-                previous, self._previous = self._previous, None  # none until fully applied
                 assert isinstance(previous, MutableMapping)
                 apply_unchecked(previous, d, self.options.threads)
-                self._previous = previous
-        self._digests = digests
+        self._previous, self._digests = previous, digests
 
 
 @contextlib.contextmanager
