@@ -195,6 +195,61 @@ def test_only_tensors_of_one_chunk_skip_the_sequencer(sizes: list[int], chunk: i
     assert {stream for stream, _ in turns} == multi
 
 
+def test_sequencer_ready_says_whose_turn_it_is() -> None:
+    seq = pipeline.Sequencer()
+    assert seq.ready(4, 0) and not seq.ready(4, 1) and not seq.ready(5, 2)
+    with seq.turn(4, 0):
+        pass
+    assert seq.ready(4, 1) and not seq.ready(4, 0)
+    seq.fail(RuntimeError("a worker failed"))
+    with pytest.raises(pipeline.Aborted):
+        seq.ready(4, 1)
+
+
+def test_diff_hashes_a_chunk_whose_turn_has_not_come_after_encoding_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunk 1's worker finds chunk 0 still being hashed (slowed here): it encodes chunk 1
+    first and hashes it afterwards, in turn; the digests are still the tensors' BLAKE3."""
+    from wdelta.policy import chunk as chunk_policy
+
+    chunk = pipeline.LOCAL_ELEMENTS  # chunks this large go to the pool, not the caller
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 2**32, 3 * chunk, dtype=np.uint32).view(np.float32)
+    target = base.copy()
+    target[::50] = 2.5
+    events: list[tuple[str, int, int]] = []
+    feed, encode = pipeline.TensorDigests.feed, chunk_policy.encode_modified
+    first_hashed = threading.Event()
+
+    def slow_feed(self: Any, seq: Any, which: int, index: int, words: Any) -> None:
+        if index == 0 and which == 0:
+            first_hashed.wait(5)  # until chunk 1 has been encoded, or 5 s
+        feed(self, seq, which, index, words)
+        events.append(("hash", index, which))
+
+    def recorded_encode(*args: Any) -> Any:
+        done = encode(*args)
+        events.append(("encode", -1, -1))
+        first_hashed.set()
+        return done
+
+    monkeypatch.setattr(pipeline.TensorDigests, "feed", slow_feed)
+    monkeypatch.setattr(chunk_policy, "encode_modified", recorded_encode)
+    files = {}
+    for name, words in (("base", base), ("target", target)):
+        files[name] = tmp_path / f"{name}.safetensors"
+        files[name].write_bytes(safetensors_bytes({"w": as_raw(words)}))
+    out = wdelta.diff(files["base"], files["target"], tmp_path / "d.wdelta", threads=2,
+                      chunk_elements=chunk)  # fmt: skip
+    # Some chunk was encoded before chunk 0's base words were hashed: the worker of chunk
+    # 1 did not wait for its turn before encoding.
+    assert events.index(("hash", 0, 0)) > events.index(("encode", -1, -1)), events
+    monkeypatch.undo()
+    rebuilt = wdelta.apply(files["base"], out, tmp_path / "out.safetensors")
+    assert Path(rebuilt).read_bytes() == files["target"].read_bytes()
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_apply_reuses_input_buffers_and_writes_every_chunk_intact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int

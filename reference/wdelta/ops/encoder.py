@@ -157,17 +157,37 @@ class _Buffers:
         return pair[which]
 
 
-def _read(
-    task: _Task, which: int, seq: Sequencer, buffers: _Buffers, base: Words | None = None
-) -> Words | None:
-    """Read one side's words of a chunk and feed them to its digest, in order.
+@dataclass
+class _Side:
+    """A chunk's words of one side (0 base, 1 target), and whether they are still to
+    be fed to that side's digest (they stay unchanged until they are)."""
+
+    which: int
+    words: Words | None
+    unhashed: bool
+
+    def feed(self, task: _Task, seq: Sequencer, wait: bool) -> None:
+        """Feed the words to the digest in their turn; without ``wait``, only if
+        their turn has come."""
+        if not self.unhashed or not (wait or task.digests.ready(seq, self.which, task.index)):
+            return
+        assert self.words is not None
+        task.digests.feed(seq, self.which, task.index, self.words)
+        self.unhashed = False
+        if task.last:
+            key = ("base_digest", "target_digest")[self.which]
+            task.item.digests[key] = task.digests.hexdigest(seq, self.which)
+
+
+def _read(task: _Task, which: int, buffers: _Buffers, base: Words | None = None) -> _Side:
+    """One side's words of a chunk, and whether they are still to be fed to its digest.
 
     A target that finds its changes itself (on its device) is the ``base`` words
     with those changes written in: only the changes were transferred.
     """
     tensor = task.item.base if which == 0 else task.item.target
     if tensor is None:
-        return None
+        return _Side(which, None, False)
     # In-memory tensors are only read here (blobs are copies), so no copy is made.
     words: Words | None = None
     if tensor._changes is not None and base is not None:
@@ -177,16 +197,10 @@ def _read(
     elif (words := tensor.peek(task.start, task.count)) is not None and not task.digests.single:
         if task.index == 0 and not (which == 0 and task.item.base_known):
             _hash_whole(task, which, tensor)
-        return words
+        return _Side(which, words, False)
     if words is None:
         words = tensor.read(task.start, task.count, buffers.get(which))
-    if which == 0 and task.item.base_known:
-        return words
-    task.digests.feed(seq, which, task.index, words)
-    if task.last:
-        key = ("base_digest", "target_digest")[which]
-        task.item.digests[key] = task.digests.hexdigest(seq, which)
-    return words
+    return _Side(which, words, not (which == 0 and task.item.base_known))
 
 
 def _hash_whole(task: _Task, which: int, tensor: Tensor) -> None:
@@ -210,9 +224,24 @@ def _run(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -> _
 
 
 def _encode(task: _Task, opts: DiffOptions, seq: Sequencer, buffers: _Buffers) -> _Done:
+    """Read, hash and encode one chunk.  A side whose turn to be hashed has not come (the
+    chunk before it, on another worker, is being hashed) is hashed after the encode
+    rather than waited for: on the 2-chunk tensors of a 1 GB model the second chunk's
+    worker otherwise idles through the first chunk's hash."""
+    sides = [_read(task, 0, buffers)]
+    sides[0].feed(task, seq, wait=False)
+    sides.append(_read(task, 1, buffers, sides[0].words))
+    for side in sides:
+        side.feed(task, seq, wait=False)
+    done = _encoded(task, opts, sides[0].words, sides[1].words)
+    for side in sides:
+        side.feed(task, seq, wait=True)
+    return done
+
+
+def _encoded(task: _Task, opts: DiffOptions, base: Words | None, target: Words | None) -> _Done:
+    """One chunk encoded from its words (which it leaves unchanged)."""
     plan = task.item
-    base = _read(task, 0, seq, buffers)
-    target = _read(task, 1, seq, buffers, base)
     encoded: chunk_codec.Encoded | None
     if plan.op == "modified":
         assert base is not None and target is not None

@@ -118,6 +118,14 @@ class Sequencer:
             self._next[stream] = index + 1
             self._cond.notify_all()
 
+    def ready(self, stream: int, index: int) -> bool:
+        """Whether turn ``index`` of ``stream`` has come (a turn taken after this says
+        True does not wait); raises :class:`Aborted` after a failure."""
+        with self._cond:
+            if self.error is not None:
+                raise Aborted
+            return self._next.get(stream, 0) == index
+
     def close(self, stream: int) -> None:
         """Forget a finished stream."""
         with self._cond:
@@ -155,6 +163,10 @@ class TensorDigests:
             hasher = new_hasher(self.workers, self.elements * words.dtype.itemsize)
             self.hashers[which] = hasher
         return hasher
+
+    def ready(self, seq: Sequencer, which: int, index: int) -> bool:
+        """Whether :meth:`feed` of chunk ``index`` would hash at once, without waiting."""
+        return self.single or seq.ready(self.stream + which, index)
 
     def feed(self, seq: Sequencer, which: int, index: int, words: Words) -> None:
         if self.single:
