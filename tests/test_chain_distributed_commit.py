@@ -47,12 +47,19 @@ def new_chain(tmp_path: Path, name: str = "store") -> chain.Chain:
     return chain.Chain(chain.open_storage(str(tmp_path / name)), cache=tmp_path / f"{name}-c")
 
 
+def started(tmp_path: Path) -> tuple[chain.Chain, distributed.DistributedPublisher, dict[str, Any]]:
+    """A chain, its publisher (a group of one rank) and the weights of version 0."""
+    c = new_chain(tmp_path)
+    pub = distributed.DistributedPublisher(c)
+    w0 = weights(0)
+    pub.publish(w0, step=0)
+    return c, pub, w0
+
+
 def test_a_failure_after_the_commit_names_the_revision(
     group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    c = new_chain(tmp_path)
-    pub = distributed.DistributedPublisher(c)
-    pub.publish(weights(0))
+    c, pub, _ = started(tmp_path)
 
     def fails(*args: Any, **kwargs: Any) -> None:
         raise StorageError("injected: the previous copy cannot be brought forward")
@@ -115,10 +122,7 @@ def test_a_failure_before_the_commit_takes_the_copy_back(
     group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str, native_path: str
 ) -> None:
     monkeypatch.setenv("WDELTA_NATIVE", native_path)
-    c = new_chain(tmp_path)
-    pub = distributed.DistributedPublisher(c)
-    w0 = weights(0)
-    pub.publish(w0, step=0)
+    c, pub, w0 = started(tmp_path)
     w1 = stepped(w0, 1)
     with monkeypatch.context() as m:
         FAILURES[failure](pub, m)
@@ -136,10 +140,7 @@ def test_the_diff_brings_the_copy_forward(
     group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No delta is applied to the copy after the commit, unless the step adds a tensor."""
-    c = new_chain(tmp_path)
-    pub = distributed.DistributedPublisher(c)
-    w = weights(0)
-    pub.publish(w)
+    _, pub, w = started(tmp_path)
     applied: list[str] = []
     real = live_weights.apply_unchecked
 
@@ -162,10 +163,7 @@ def test_the_diff_brings_the_copy_forward(
 def test_a_diff_cut_short_drops_the_copy(
     group: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    c = new_chain(tmp_path)
-    pub = distributed.DistributedPublisher(c)
-    w0 = weights(0)
-    pub.publish(w0)
+    c, pub, w0 = started(tmp_path)
     encode_modified = chunk_policy.encode_modified
 
     def encoded_then_failed(*args: Any) -> Any:

@@ -368,6 +368,33 @@ def test_load_without_a_cache_leaves_none_behind(tmp_path: Path) -> None:
     }  # NumPy arrays (device=None), bit-identical to the published tensors
 
 
+def test_a_failed_snapshot_save_takes_the_copy_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The diff brought the copy forward; the snapshot's save then fails before the
+    append: nothing is published and the copy is the previous version again."""
+    from wdelta.chain.live import weights as live_weights
+
+    c = new_chain(tmp_path)
+    pub = chain.Publisher(c)
+    s0 = state(0)
+    pub.publish(s0, step=0)
+    s1 = next_state(s0, 1)
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise wdelta.StorageError("injected: the disk is full")
+
+    with monkeypatch.context() as m:
+        m.setattr(live_weights, "save_weights", full)
+        with pytest.raises(wdelta.StorageError, match="disk is full"):
+            pub.publish(s1, step=1, snapshot=True)
+    assert c.head().head.number == 0
+    assert chain.weights_digest(pub._previous) == chain.weights_digest(s0)  # type: ignore[arg-type]
+    assert pub.publish(s1, step=1).head.digest == chain.weights_digest(s1)
+    weights, _ = chain.load(new_chain(tmp_path), device="cpu")
+    assert same(weights, s1)
+
+
 @pytest.mark.parametrize("native_path", ["1", "portable", "0"])
 def test_publish_failures_keep_or_drop_the_previous_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native_path: str

@@ -220,18 +220,18 @@ def test_diff_hashes_a_chunk_whose_turn_has_not_come_after_encoding_it(
     target[::50] = 2.5
     events: list[tuple[str, int, int]] = []
     feed, encode = pipeline.TensorDigests.feed, chunk_policy.encode_modified
-    first_hashed = threading.Event()
+    encoded_one = threading.Event()
 
     def slow_feed(self: Any, seq: Any, which: int, index: int, words: Any) -> None:
         if index == 0 and which == 0:
-            first_hashed.wait(5)  # until chunk 1 has been encoded, or 5 s
+            encoded_one.wait(5)  # until another chunk has been encoded, or 5 s
         feed(self, seq, which, index, words)
         events.append(("hash", index, which))
 
     def recorded_encode(*args: Any) -> Any:
         done = encode(*args)
         events.append(("encode", -1, -1))
-        first_hashed.set()
+        encoded_one.set()
         return done
 
     monkeypatch.setattr(pipeline.TensorDigests, "feed", slow_feed)

@@ -209,7 +209,7 @@ class DistributedPublisher:
     ) -> Manifest:  # fmt: skip
         """One step's link; the diff brings this rank's previous copy forward as it goes
         (``Publisher``'s in-diff copy update) where the tensors stay the same, and any
-        failure before the revision is created takes the copy back (see :meth:`_settle`)."""
+        failure before the revision is created takes the copy back (``Publisher._take_back``)."""
         raw = tmp / "share.wdelta"
         advance = self._local._advance_words(share) if share else None
         try:
@@ -221,7 +221,7 @@ class DistributedPublisher:
             )
         except BaseException as exc:
             if advance is not None:
-                self._settle(raw, exc)
+                self._local._take_back(raw, exc)
             raise
 
     def _encode(
@@ -271,18 +271,6 @@ class DistributedPublisher:
         snap = self._snapshot(0, [s for _, s in uploaded], tmp) if snapshot else None
         parts = [p for p, _ in uploaded]
         return _guarded(lambda: self._commit(parts, base, target, step, metadata, snap))
-
-    def _settle(self, raw: Path, exc: BaseException) -> None:
-        """After a failed step whose diff was bringing the copy forward: if this rank's
-        diff finished (``raw`` is written whole or not at all) and no revision was
-        created, the copy is taken back to the previous version; otherwise (a diff
-        cut short, a version published anyway) it is dropped."""
-        local = self._local
-        published = getattr(exc, "published_revision", None) is not None
-        if raw.exists() and not published and local._previous is not None:
-            local._revert(raw)  # drops the copy itself if this fails
-        else:
-            local._previous = None
 
     def _finish(self, result: Outcome | None, then: Callable[[Manifest], None]) -> Manifest:
         """Rank 0's new manifest on every rank, then ``then(manifest)``.  A failure after

@@ -199,10 +199,10 @@ class Publisher:
         encoded), or, for a step that adds or removes tensors, the delta is
         applied to it in place after the append; a ``keep`` file is rewritten
         whole.  On failure nothing is published and the previous copy is kept
-        (a refused append takes it back: the delta applied in reverse); if the
-        copy cannot be brought to a version (an interrupted diff or take-back,
-        or an interrupt after the append), it is dropped: pass ``previous=`` to
-        a new Publisher to resume.
+        (a failed snapshot save or a refused append takes it back: the delta
+        applied in reverse); if the copy cannot be brought to a version (an
+        interrupted diff or take-back, or an interrupt after the append), it is
+        dropped: pass ``previous=`` to a new Publisher to resume.
         """
         with tempfile.TemporaryDirectory(prefix="wdelta-publish-") as tmp:
             whole = Path(tmp) / "model.safetensors"
@@ -217,17 +217,12 @@ class Publisher:
             advance = self._advance_words(weights)
             try:
                 self._diff(weights, out, advance)
-            except BaseException:
-                if advance is not None:
-                    self._previous = None  # partly brought forward: no previous copy
-                raise
-            if snapshot or self.options.snapshot:
-                save_weights(weights, whole, overwrite=True)
-            try:
+                if snapshot or self.options.snapshot:
+                    save_weights(weights, whole, overwrite=True)
                 m = self._append(out, step, metadata, whole if whole.exists() else None, progress)
-            except BaseException:
+            except BaseException as exc:
                 if advance is not None:
-                    self._revert(out)
+                    self._take_back(out, exc)
                 raise
             self._advance(weights, out, advanced=advance is not None)
         return m
@@ -265,11 +260,16 @@ class Publisher:
             words[name] = old.reshape(-1).view(s.dtype.word)
         return words
 
-    def _revert(self, delta: Path) -> None:
-        """Take a copy that the diff of ``delta`` brought forward, but whose link was not
-        published, back to the previous version (the link applied in reverse); if that
-        fails too, the copy is dropped."""
+    def _take_back(self, delta: Path, exc: BaseException) -> None:
+        """After a failed step whose diff was bringing the copy forward: the copy is taken
+        back to the previous version (the link ``delta`` applied in reverse) if the diff
+        finished (``delta`` is written whole or not at all) and ``exc`` names no published
+        revision; otherwise (a diff cut short, a version published anyway), or if the
+        take-back fails too, the copy is dropped."""
         previous, self._previous = self._previous, None
+        published = getattr(exc, "published_revision", None) is not None
+        if previous is None or published or not delta.exists():
+            return
         assert isinstance(previous, MutableMapping)
         with open_delta(delta) as d:
             apply_unchecked(previous, d, self.options.threads, reverse=True)
